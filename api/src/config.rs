@@ -1,0 +1,203 @@
+//! Configuration: one typed struct, read from a TOML file (`--config`), environment variables
+//! (`WEFT_*`) and flags, in rising order of precedence; parsed raw, then validated.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+use weft_ingest::Limits;
+use weft_storage::StoreOptions;
+
+use crate::time::parse_duration;
+
+/// `weft serve` options. Each is also a `WEFT_*` environment variable and a key of the TOML
+/// file (same name, `-` written `_`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML configuration file; flags and environment variables override its keys.
+    #[arg(long, env = "WEFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Directory of the RocksDB store [default: ./weft-data].
+    #[arg(long, env = "WEFT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// OTLP/gRPC listen address, host:port [default: 127.0.0.1:4317].
+    #[arg(long, env = "WEFT_OTLP_GRPC_LISTEN")]
+    pub otlp_grpc_listen: Option<String>,
+    /// OTLP/HTTP listen address, host:port [default: 127.0.0.1:4318].
+    #[arg(long, env = "WEFT_OTLP_HTTP_LISTEN")]
+    pub otlp_http_listen: Option<String>,
+    /// Query API, health and metrics listen address, host:port [default: 127.0.0.1:3200].
+    #[arg(long, env = "WEFT_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+    /// Largest OTLP request body in bytes, compressed or decompressed [default: 16777216].
+    #[arg(long, env = "WEFT_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Largest attribute value in bytes; spans with larger values are rejected [default: 1048576].
+    #[arg(long, env = "WEFT_MAX_ATTRIBUTE_VALUE_BYTES")]
+    pub max_attribute_value_bytes: Option<usize>,
+    /// Bytes of OTLP requests processed at once before answering 429 [default: 268435456].
+    #[arg(long, env = "WEFT_MAX_INFLIGHT_BYTES")]
+    pub max_inflight_bytes: Option<usize>,
+    /// Rows that trigger a flush of the head into a block [default: 131072].
+    #[arg(long, env = "WEFT_FLUSH_ROWS")]
+    pub flush_rows: Option<usize>,
+    /// Age of the oldest unflushed row that triggers a flush, e.g. 10s [default: 10s].
+    #[arg(long, env = "WEFT_FLUSH_AGE")]
+    pub flush_age: Option<String>,
+    /// Unflushed rows above which writes get 429 until a flush catches up [default: 1048576].
+    #[arg(long, env = "WEFT_MAX_PENDING_ROWS")]
+    pub max_pending_rows: Option<usize>,
+    /// Time window of a block, e.g. 1h [default: 1h].
+    #[arg(long, env = "WEFT_BLOCK_WINDOW")]
+    pub block_window: Option<String>,
+    /// RocksDB block cache in bytes [default: 134217728].
+    #[arg(long, env = "WEFT_CACHE_BYTES")]
+    pub cache_bytes: Option<usize>,
+    /// Log filter, e.g. info or weft=debug [default: info].
+    #[arg(long, env = "WEFT_LOG")]
+    pub log: Option<String>,
+}
+
+/// The TOML file: the same keys as the flags, all optional.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    otlp_grpc_listen: Option<String>,
+    otlp_http_listen: Option<String>,
+    http_listen: Option<String>,
+    max_body_bytes: Option<usize>,
+    max_attribute_value_bytes: Option<usize>,
+    max_inflight_bytes: Option<usize>,
+    flush_rows: Option<usize>,
+    flush_age: Option<String>,
+    max_pending_rows: Option<usize>,
+    block_window: Option<String>,
+    cache_bytes: Option<usize>,
+    log: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub otlp_grpc_listen: SocketAddr,
+    pub otlp_http_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub limits: Limits,
+    pub store: StoreOptions,
+    pub log: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("{key}: {detail}")]
+    Invalid { key: &'static str, detail: String },
+}
+
+fn addr(key: &'static str, value: Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
+    let text = value.unwrap_or_else(|| default.to_owned());
+    text.parse().map_err(|_| ConfigError::Invalid {
+        key,
+        detail: format!("{text:?} is not host:port (an IP address and a port, e.g. 127.0.0.1:3200)"),
+    })
+}
+
+fn duration(key: &'static str, value: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(v) => parse_duration(&v).map_err(|detail| ConfigError::Invalid { key, detail }),
+    }
+}
+
+fn positive(key: &'static str, value: usize) -> Result<usize, ConfigError> {
+    if value == 0 {
+        return Err(ConfigError::Invalid { key, detail: "must be greater than 0".into() });
+    }
+    Ok(value)
+}
+
+impl Config {
+    pub fn load(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => Self::read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let limits_default = Limits::default();
+        let store_default = StoreOptions::default();
+        let limits = Limits {
+            max_body_bytes: positive("max_body_bytes", args.max_body_bytes.or(file.max_body_bytes).unwrap_or(limits_default.max_body_bytes))?,
+            max_attribute_value_bytes: positive(
+                "max_attribute_value_bytes",
+                args.max_attribute_value_bytes.or(file.max_attribute_value_bytes).unwrap_or(limits_default.max_attribute_value_bytes),
+            )?,
+            max_inflight_bytes: positive("max_inflight_bytes", args.max_inflight_bytes.or(file.max_inflight_bytes).unwrap_or(limits_default.max_inflight_bytes))?,
+        };
+        let store = StoreOptions {
+            flush_rows: positive("flush_rows", args.flush_rows.or(file.flush_rows).unwrap_or(store_default.flush_rows))?,
+            flush_age: duration("flush_age", args.flush_age.or(file.flush_age), store_default.flush_age)?,
+            max_pending_rows: positive("max_pending_rows", args.max_pending_rows.or(file.max_pending_rows).unwrap_or(store_default.max_pending_rows))?,
+            window: duration("block_window", args.block_window.or(file.block_window), store_default.window)?,
+            cache_bytes: args.cache_bytes.or(file.cache_bytes).unwrap_or(store_default.cache_bytes),
+        };
+        if store.window < Duration::from_secs(60) {
+            return Err(ConfigError::Invalid { key: "block_window", detail: "must be at least 1m".into() });
+        }
+        if store.max_pending_rows < store.flush_rows {
+            return Err(ConfigError::Invalid { key: "max_pending_rows", detail: "must be at least flush_rows".into() });
+        }
+        Ok(Self {
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./weft-data")),
+            otlp_grpc_listen: addr("otlp_grpc_listen", args.otlp_grpc_listen.or(file.otlp_grpc_listen), "127.0.0.1:4317")?,
+            otlp_http_listen: addr("otlp_http_listen", args.otlp_http_listen.or(file.otlp_http_listen), "127.0.0.1:4318")?,
+            http_listen: addr("http_listen", args.http_listen.or(file.http_listen), "127.0.0.1:3200")?,
+            limits,
+            store,
+            log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+        })
+    }
+
+    fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_embedded_default() {
+        let c = Config::load(ServeArgs::default()).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("./weft-data"));
+        assert_eq!(c.http_listen.to_string(), "127.0.0.1:3200");
+        assert_eq!(c.otlp_grpc_listen.port(), 4317);
+        assert_eq!(c.otlp_http_listen.port(), 4318);
+    }
+
+    #[test]
+    fn the_shipped_example_config_loads_and_flags_win() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../weft.example.toml");
+        let args = ServeArgs { config: Some(path.clone()), http_listen: Some("127.0.0.1:9999".into()), ..Default::default() };
+        let c = Config::load(args).unwrap();
+        assert_eq!(c.http_listen.port(), 9999);
+        let file_only = Config::load(ServeArgs { config: Some(path), ..Default::default() }).unwrap();
+        assert_eq!(file_only.http_listen.port(), 3200);
+        assert_eq!(file_only.store.flush_age, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = Config::load(ServeArgs { http_listen: Some("localhost".into()), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().starts_with("http_listen:"), "{e}");
+        let e = Config::load(ServeArgs { flush_age: Some("soon".into()), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().starts_with("flush_age:"), "{e}");
+    }
+}

@@ -1,0 +1,15 @@
+//! The `weft` server: configuration, the OTLP receivers (HTTP and gRPC), the query API
+//! (native JSON; Tempo, Jaeger, Prometheus and PostgreSQL-wire surfaces come with their issues),
+//! health and self-metrics, and the process lifecycle.
+//!
+//! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
+//! `weft-storage` to sockets, and maps their errors to statuses in one place (`error`).
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod otlp;
+pub mod server;
+pub mod state;
+pub mod time;
+pub mod traces;

@@ -1,0 +1,51 @@
+//! The `weft` binary.
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use weft_api::config::{Config, ServeArgs};
+
+/// Weft: a trace database for LLM serving. Takes OTLP traces over gRPC (4317) and HTTP (4318),
+/// stores them in a columnar RocksDB store, and answers queries on 3200.
+#[derive(Parser, Debug)]
+#[command(name = "weft", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start the server (the default): OTLP receivers, storage and query API in one process.
+    Serve(ServeArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Command::Serve(args)) => args,
+        None => ServeArgs::parse_from_env(),
+    };
+    let config = Config::load(args)?;
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(weft_api::server::run(config))?;
+    Ok(())
+}
+
+trait FromEnv {
+    fn parse_from_env() -> Self;
+}
+
+impl FromEnv for ServeArgs {
+    /// `weft` with no subcommand: serve, configured by `WEFT_*` variables only.
+    fn parse_from_env() -> Self {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        Only::parse_from(["weft"]).args
+    }
+}

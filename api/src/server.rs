@@ -1,0 +1,144 @@
+//! Starting and stopping the server: open the store (replaying the write-ahead head), bind the
+//! three listeners, run the flusher, and on SIGTERM or SIGINT stop taking requests, flush the
+//! head into blocks and close the store.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use weft_ingest::Ingester;
+use weft_storage::Store;
+
+use crate::config::Config;
+use crate::metrics::{self, RequestMetrics};
+use crate::state::{AppState, SharedState};
+use crate::{otlp, traces};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot open the store in {path}: {source}")]
+    Store { path: String, source: weft_storage::StorageError },
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error("{what} server failed: {detail}")]
+    Server { what: &'static str, detail: String },
+    #[error("final flush failed: {0}")]
+    Close(weft_storage::StorageError),
+}
+
+/// The query port: health, metrics, the native API and the UI.
+pub fn api_router(state: SharedState) -> Router {
+    Router::new()
+        .route("/", get(|| async { Html(weft_web::INDEX_HTML) }))
+        .route("/ready", get(|| async { "ready\n" }))
+        .route("/metrics", get(metrics_handler))
+        .merge(traces::router())
+        .with_state(state)
+}
+
+async fn metrics_handler(State(state): State<SharedState>) -> impl IntoResponse {
+    let text = metrics::render(&state.requests, &state.ingester, &state.store);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, what, source })
+}
+
+/// Flushes heads that are due, until told to stop.
+fn start_flusher(store: Arc<Store>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("weft-flush".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::park_timeout(Duration::from_millis(100));
+                if store.flush_due()
+                    && let Err(e) = store.flush(false)
+                {
+                    tracing::error!(error = %e, "flush failed; rows stay in the write-ahead head");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        })
+        .expect("spawn flusher thread")
+}
+
+async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn run(config: Config) -> Result<(), ServeError> {
+    let started = Instant::now();
+    let path = config.data_dir.clone();
+    let opts = config.store.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&path, opts))
+        .await
+        .expect("open task")
+        .map_err(|source| ServeError::Store { path: config.data_dir.display().to_string(), source })?;
+    let store = Arc::new(store);
+    let ingester = Arc::new(Ingester::new(store.clone(), config.limits));
+    let state: SharedState = Arc::new(AppState { store: store.clone(), ingester, requests: RequestMetrics::default() });
+
+    let grpc_listener = bind(config.otlp_grpc_listen, "OTLP/gRPC").await?;
+    let http_listener = bind(config.otlp_http_listen, "OTLP/HTTP").await?;
+    let api_listener = bind(config.http_listen, "query API").await?;
+
+    let stop_flusher = Arc::new(AtomicBool::new(false));
+    let flusher = start_flusher(store.clone(), stop_flusher.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(otlp::grpc::service(state.clone()))
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener), shutdown_signal(stop_rx.clone()));
+    let otlp_http = axum::serve(http_listener, otlp::http::router(state.clone())).with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let api = axum::serve(api_listener, api_router(state.clone())).with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        otlp_grpc = %config.otlp_grpc_listen,
+        otlp_http = %config.otlp_http_listen,
+        http = %config.http_listen,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "weft is ready"
+    );
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: no new requests, flushing");
+        let _ = stop_tx.send(true);
+    });
+    let (g, h, a) = tokio::join!(
+        async { grpc.await.map_err(|e| ServeError::Server { what: "OTLP/gRPC", detail: e.to_string() }) },
+        async { otlp_http.await.map_err(|e| ServeError::Server { what: "OTLP/HTTP", detail: e.to_string() }) },
+        async { api.await.map_err(|e| ServeError::Server { what: "query API", detail: e.to_string() }) },
+    );
+    stop_flusher.store(true, Ordering::Release);
+    flusher.thread().unpark();
+    let _ = flusher.join();
+    let closing = store.clone();
+    tokio::task::spawn_blocking(move || closing.close()).await.expect("close task").map_err(ServeError::Close)?;
+    tracing::info!("store flushed and closed");
+    g.and(h).and(a)
+}

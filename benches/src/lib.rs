@@ -1,0 +1,11 @@
+//! Weft's load generator and benchmarks.
+//!
+//! [`generator`] makes realistic LLM-serving telemetry, deterministic by seed: per request a
+//! trace through `llm-gateway`, `tokenizer`, `rag-retriever`, `vector-db`, `inference-engine`
+//! and `postprocessor`, with one `llm.decode.token` span per output token, a few percent of
+//! errors, Poisson arrivals and optional injected anomalies. The `weft-bench` binary writes it
+//! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups.
+
+pub mod client;
+pub mod files;
+pub mod generator;

@@ -1,0 +1,379 @@
+//! `weft-bench`: generate LLM-serving telemetry, send it, and measure Weft.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::{Args, Parser, Subcommand};
+use hyper::StatusCode;
+use prost::Message;
+use weft_bench::client::Client;
+use weft_bench::files::{read_otlp, write_otlp, write_parquet};
+use weft_bench::generator::{GenConfig, Generator, batches};
+
+#[derive(Parser)]
+#[command(name = "weft-bench", about = "Load generator and benchmarks for Weft")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Args, Clone, Debug)]
+struct DataArgs {
+    /// Spans to generate (about: whole requests are generated).
+    #[arg(long, default_value_t = 100_000)]
+    spans: usize,
+    /// Seed of the data set.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Requests per second of simulated traffic (Poisson arrivals).
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+    /// Share of failing requests.
+    #[arg(long, default_value_t = 0.03)]
+    error_rate: f64,
+    /// Leave out the injected anomalies.
+    #[arg(long)]
+    no_anomalies: bool,
+    /// Spans per OTLP message.
+    #[arg(long, default_value_t = 2000)]
+    batch_spans: usize,
+}
+
+impl DataArgs {
+    fn config(&self) -> GenConfig {
+        GenConfig { seed: self.seed, spans: self.spans, rate: self.rate, error_rate: self.error_rate, anomalies: !self.no_anomalies, ..Default::default() }
+    }
+    fn encoded(&self) -> Vec<Bytes> {
+        batches(self.config(), self.batch_spans).map(|m| Bytes::from(m.encode_to_vec())).collect()
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write generated data as an OTLP request file and/or Parquet.
+    Generate {
+        #[command(flatten)]
+        data: DataArgs,
+        /// OTLP request file to write.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Parquet file of the same spans, for peers.
+        #[arg(long)]
+        parquet: Option<PathBuf>,
+    },
+    /// Send data (generated, or from --file) to a running server over OTLP/HTTP protobuf.
+    Send {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// OTLP/HTTP base URL.
+        #[arg(long, default_value = "http://127.0.0.1:4318")]
+        target: String,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Spans per second to aim for (0: as fast as the server takes them).
+        #[arg(long, default_value_t = 0.0)]
+        rate_limit: f64,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Start a server, send N spans, report spans/s, peak RSS, restart time and bytes per span.
+    Ingest {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+        /// Keep the data directory here instead of a temporary one.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Also kill -9 the server after ingest and time the restart.
+        #[arg(long)]
+        crash_restart: bool,
+        /// Then measure trace-by-id latency over this many random traces (0: skip).
+        #[arg(long, default_value_t = 1000)]
+        lookups: usize,
+    },
+    /// Trace-by-id latency percentiles against a running server holding the generated data.
+    Lookup {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long, default_value = "http://127.0.0.1:3200")]
+        target: String,
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Cmd::Generate { data, out, parquet } => generate(&data, out, parquet),
+        Cmd::Send { data, file, target, concurrency, rate_limit, tenant } => {
+            let messages = match file {
+                Some(f) => read_otlp(&f)?,
+                None => data.encoded(),
+            };
+            let report = rt.block_on(send(&target, messages, concurrency, rate_limit, tenant.as_deref()))?;
+            println!("{report}");
+            Ok(())
+        }
+        Cmd::Ingest { data, concurrency, weft, data_dir, crash_restart, lookups } => rt.block_on(ingest(data, concurrency, weft, data_dir, crash_restart, lookups)),
+        Cmd::Lookup { data, target, samples } => {
+            let ids = trace_ids(&data.config(), samples);
+            let report = rt.block_on(lookup(&target, &ids))?;
+            println!("{report}");
+            Ok(())
+        }
+    }
+}
+
+fn generate(data: &DataArgs, out: Option<PathBuf>, parquet: Option<PathBuf>) -> anyhow::Result<()> {
+    if out.is_none() && parquet.is_none() {
+        bail!("nothing to write: give --out FILE and/or --parquet FILE");
+    }
+    if let Some(out) = out {
+        let n = write_otlp(&out, batches(data.config(), data.batch_spans))?;
+        println!("wrote {n} OTLP messages to {}", out.display());
+    }
+    if let Some(p) = parquet {
+        let rows = write_parquet(&p, batches(data.config(), data.batch_spans))?;
+        println!("wrote {rows} spans to {}", p.display());
+    }
+    Ok(())
+}
+
+struct SendReport {
+    spans: usize,
+    messages: usize,
+    retries: usize,
+    elapsed: Duration,
+}
+
+impl std::fmt::Display for SendReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sent {} spans in {} messages in {:.2} s: {:.0} spans/s accepted ({} retries after 429)",
+            self.spans,
+            self.messages,
+            self.elapsed.as_secs_f64(),
+            self.spans as f64 / self.elapsed.as_secs_f64(),
+            self.retries
+        )
+    }
+}
+
+fn span_count(message: &Bytes) -> usize {
+    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(&message[..])
+        .map(|m| m.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum())
+        .unwrap_or(0)
+}
+
+async fn send(target: &str, messages: Vec<Bytes>, concurrency: usize, rate_limit: f64, tenant: Option<&str>) -> anyhow::Result<SendReport> {
+    let spans: usize = messages.iter().map(span_count).sum();
+    let per_message = spans as f64 / messages.len().max(1) as f64;
+    let messages = Arc::new(messages);
+    let next = Arc::new(AtomicUsize::new(0));
+    let retries = Arc::new(AtomicUsize::new(0));
+    let url = format!("{}/v1/traces", target.trim_end_matches('/'));
+    let client = Client::new();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (messages, next, retries, url, client) = (messages.clone(), next.clone(), retries.clone(), url.clone(), client.clone());
+        let tenant = tenant.map(str::to_owned);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(body) = messages.get(i) else { return Ok::<_, anyhow::Error>(()) };
+                if rate_limit > 0.0 {
+                    let due = Duration::from_secs_f64(i as f64 * per_message / rate_limit);
+                    tokio::time::sleep_until((started + due).into()).await;
+                }
+                let mut headers = vec![("content-type", "application/x-protobuf")];
+                if let Some(t) = &tenant {
+                    headers.push(("x-scope-orgid", t.as_str()));
+                }
+                let deadline = Instant::now() + Duration::from_secs(120);
+                loop {
+                    let reply = client.post(&url, &headers, body.clone()).await?;
+                    match reply.status {
+                        StatusCode::OK => break,
+                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE if Instant::now() < deadline => {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        s => bail!("server answered {s}: {}", reply.text()),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(SendReport { spans, messages: messages.len(), retries: retries.load(Ordering::Relaxed), elapsed: started.elapsed() })
+}
+
+/// Trace ids of `n` requests spread over the data set.
+fn trace_ids(cfg: &GenConfig, n: usize) -> Vec<String> {
+    let mut generator = Generator::new(cfg.clone());
+    let mut all = Vec::new();
+    while let Some(r) = generator.next_request() {
+        all.push(hex::encode(r.trace_id));
+    }
+    let step = (all.len() / n.max(1)).max(1);
+    all.into_iter().step_by(step).take(n).collect()
+}
+
+async fn lookup(target: &str, ids: &[String]) -> anyhow::Result<String> {
+    let client = Client::new();
+    let mut times = Vec::with_capacity(ids.len());
+    for id in ids {
+        let started = Instant::now();
+        let reply = client.get(&format!("{}/api/v1/traces/{id}", target.trim_end_matches('/')), &[]).await?;
+        times.push(started.elapsed());
+        if reply.status != StatusCode::OK {
+            bail!("trace {id}: {} {}", reply.status, reply.text());
+        }
+    }
+    times.sort();
+    let p = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)].as_secs_f64() * 1e3;
+    Ok(format!("trace by id over HTTP, {} lookups: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms", times.len(), p(0.5), p(0.9), p(0.99), p(1.0)))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+struct Server {
+    child: Child,
+    http: String,
+    otlp: String,
+}
+
+fn weft_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("weft"),
+    };
+    anyhow::ensure!(path.exists(), "weft binary not found at {} (build it, or pass --weft)", path.display());
+    Ok(path)
+}
+
+async fn start_server(bin: &Path, dir: &Path, extra: &[&str]) -> anyhow::Result<(Server, Duration)> {
+    let (grpc, otlp, http) = (free_port()?, free_port()?, free_port()?);
+    let started = Instant::now();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--otlp-grpc-listen", &format!("127.0.0.1:{grpc}"), "--otlp-http-listen", &format!("127.0.0.1:{otlp}"), "--http-listen", &format!("127.0.0.1:{http}")])
+        .args(extra)
+        .env("WEFT_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("start weft")?;
+    let server = Server { child, http: format!("http://127.0.0.1:{http}"), otlp: format!("http://127.0.0.1:{otlp}") };
+    let client = Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Ok(r) = client.get(&format!("{}/ready", server.http), &[]).await
+            && r.status == StatusCode::OK
+        {
+            return Ok((server, started.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("weft did not become ready in 120 s")
+}
+
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| {
+        let meta = e.metadata();
+        match meta {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        }
+    }).sum()
+}
+
+fn terminate(server: &mut Server) -> anyhow::Result<()> {
+    Command::new("kill").arg("-TERM").arg(server.child.id().to_string()).status()?;
+    let status = server.child.wait()?;
+    anyhow::ensure!(status.success(), "weft exited with {status}");
+    Ok(())
+}
+
+async fn ingest(data: DataArgs, concurrency: usize, weft: Option<PathBuf>, data_dir: Option<PathBuf>, crash_restart: bool, lookups: usize) -> anyhow::Result<()> {
+    let bin = weft_binary(weft)?;
+    let temp = tempfile::tempdir()?;
+    let dir = data_dir.unwrap_or_else(|| temp.path().join("data"));
+    println!("generating {} spans (seed {})...", data.spans, data.seed);
+    let messages = data.encoded();
+    let spans: usize = messages.iter().map(span_count).sum();
+    let token_spans = batches(data.config(), data.batch_spans)
+        .flat_map(|m| m.resource_spans)
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .filter(|s| s.name == "llm.decode.token")
+        .count();
+
+    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    let report = send(&server.otlp, messages, concurrency, 0.0, None).await?;
+    let pid = server.child.id();
+    let rss = peak_rss_kib(pid).unwrap_or(0);
+    println!("ingest: {report}");
+    println!("server peak RSS during ingest: {:.1} MiB", rss as f64 / 1024.0);
+
+    if crash_restart {
+        server.child.kill()?;
+        server.child.wait()?;
+        let (restarted, took) = start_server(&bin, &dir, &[]).await?;
+        println!("restart after kill -9: ready in {:.2} s", took.as_secs_f64());
+        server = restarted;
+    }
+    if lookups > 0 {
+        let ids = trace_ids(&data.config(), lookups);
+        println!("{}", lookup(&server.http, &ids).await?);
+    }
+    terminate(&mut server)?;
+
+    let store = weft_storage::Store::open(&dir, Default::default())?;
+    store.compact();
+    let blocks = store.blocks(&weft_storage::model::TenantId::default_tenant());
+    drop(store);
+    let total = dir_bytes(&dir);
+    let mut by_column: std::collections::BTreeMap<String, u64> = Default::default();
+    for (_, meta) in &blocks {
+        for c in &meta.columns {
+            let key = if c.name.starts_with("a:") { "a:* (dynamic)".to_string() } else { c.name.clone() };
+            *by_column.entry(key).or_default() += c.bytes;
+        }
+    }
+    let chunk_bytes: u64 = by_column.values().sum();
+    println!("on disk after flush + compaction: {total} bytes for {spans} spans ({token_spans} token spans) = {:.2} bytes/span (column chunks {:.2} bytes/span, indexes and RocksDB overhead the rest)", total as f64 / spans as f64, chunk_bytes as f64 / spans as f64);
+    let mut columns: Vec<_> = by_column.into_iter().collect();
+    columns.sort_by(|a, b| b.1.cmp(&a.1));
+    for (name, bytes) in columns.iter().take(15) {
+        println!("  {name:<40} {:>8.3} bytes/span", *bytes as f64 / spans as f64);
+    }
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! OTLP spans to storage rows. Each span is checked on its own: an invalid span is rejected and
+//! counted, the valid spans of the same request are kept (OTLP's partial success).
+
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{Span, span};
+use weft_storage::model::{self as m, SpanId, SpanRecord, TraceId, UnixNanos};
+
+use super::ExportTraceServiceRequest;
+use crate::pipeline::RejectReason;
+
+/// Limits applied to each span.
+#[derive(Clone, Copy, Debug)]
+pub struct SpanLimits {
+    /// Largest accepted attribute value (strings and bytes, summed through arrays and maps).
+    pub max_attribute_value_bytes: usize,
+}
+
+/// The spans of a request that passed validation, and what happened to the others.
+#[derive(Debug, Default)]
+pub struct Converted {
+    pub spans: Vec<SpanRecord>,
+    pub rejected: Vec<(RejectReason, usize)>,
+    pub first_error: Option<String>,
+}
+
+impl Converted {
+    pub fn rejected_count(&self) -> usize {
+        self.rejected.iter().map(|(_, n)| n).sum()
+    }
+    fn reject(&mut self, reason: RejectReason, message: String) {
+        match self.rejected.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.rejected.push((reason, 1)),
+        }
+        self.first_error.get_or_insert(message);
+    }
+}
+
+pub fn convert_request(req: ExportTraceServiceRequest, limits: SpanLimits) -> Converted {
+    let mut out = Converted::default();
+    for (ri, rs) in req.resource_spans.into_iter().enumerate() {
+        let resource = Arc::new(resource(rs.resource, rs.schema_url));
+        for (si, ss) in rs.scope_spans.into_iter().enumerate() {
+            let scope = Arc::new(scope(ss.scope, ss.schema_url));
+            for (i, s) in ss.spans.into_iter().enumerate() {
+                match span(s, &resource, &scope, limits) {
+                    Ok(record) => out.spans.push(record),
+                    Err((reason, problem)) => out.reject(
+                        reason,
+                        format!("span {i} of scope {si} of resource {ri}: {problem}"),
+                    ),
+                }
+            }
+        }
+    }
+    out
+}
+
+fn resource(r: Option<Resource>, schema_url: String) -> m::Resource {
+    let r = r.unwrap_or_default();
+    m::Resource {
+        attributes: attributes(r.attributes),
+        dropped_attributes_count: r.dropped_attributes_count,
+        schema_url,
+    }
+}
+
+fn scope(s: Option<InstrumentationScope>, schema_url: String) -> m::Scope {
+    let s = s.unwrap_or_default();
+    m::Scope {
+        name: s.name,
+        version: s.version,
+        attributes: attributes(s.attributes),
+        dropped_attributes_count: s.dropped_attributes_count,
+        schema_url,
+    }
+}
+
+type Problem = (RejectReason, String);
+
+fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
+    let id = TraceId::from_slice(bytes).ok_or_else(|| {
+        (RejectReason::InvalidId, format!("{field} must be 16 bytes, got {}", bytes.len()))
+    })?;
+    if id.is_zero() {
+        return Err((RejectReason::InvalidId, format!("{field} is all zeros")));
+    }
+    Ok(id)
+}
+
+fn span_id(bytes: &[u8], field: &str) -> Result<SpanId, Problem> {
+    let id = SpanId::from_slice(bytes).ok_or_else(|| {
+        (RejectReason::InvalidId, format!("{field} must be 8 bytes, got {}", bytes.len()))
+    })?;
+    if id.is_zero() {
+        return Err((RejectReason::InvalidId, format!("{field} is all zeros")));
+    }
+    Ok(id)
+}
+
+fn span(s: Span, resource: &Arc<m::Resource>, scope: &Arc<m::Scope>, limits: SpanLimits) -> Result<SpanRecord, Problem> {
+    let trace = trace_id(&s.trace_id, "trace_id")?;
+    let id = span_id(&s.span_id, "span_id")?;
+    let parent = match s.parent_span_id.len() {
+        0 => None,
+        _ if s.parent_span_id.iter().all(|b| *b == 0) => None,
+        _ => Some(span_id(&s.parent_span_id, "parent_span_id")?),
+    };
+    if s.end_time_unix_nano < s.start_time_unix_nano {
+        return Err((
+            RejectReason::EndBeforeStart,
+            "end_time_unix_nano is before start_time_unix_nano".to_owned(),
+        ));
+    }
+    let kind = u8::try_from(s.kind).ok().filter(|k| *k <= 5).ok_or_else(|| {
+        (RejectReason::InvalidEnum, format!("kind {} is not a SpanKind (0 to 5)", s.kind))
+    })?;
+    let status = s.status.unwrap_or_default();
+    let code = u8::try_from(status.code).ok().filter(|c| *c <= 2).ok_or_else(|| {
+        (RejectReason::InvalidEnum, format!("status.code {} is not a StatusCode (0 to 2)", status.code))
+    })?;
+    let check = |kvs: &[KeyValue], field: &str| -> Result<(), Problem> {
+        for kv in kvs {
+            let size = kv.value.as_ref().map_or(0, value_bytes);
+            if size > limits.max_attribute_value_bytes {
+                return Err((
+                    RejectReason::AttributeTooLarge,
+                    format!(
+                        "{field} {:?} is {size} bytes, above the limit of {} bytes",
+                        kv.key, limits.max_attribute_value_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    check(&s.attributes, "attribute")?;
+    for e in &s.events {
+        check(&e.attributes, "event attribute")?;
+    }
+    for l in &s.links {
+        check(&l.attributes, "link attribute")?;
+    }
+    let links = s
+        .links
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| link(l).map_err(|(r, p)| (r, format!("link {i}: {p}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SpanRecord {
+        trace_id: trace,
+        span_id: id,
+        parent_span_id: parent,
+        trace_state: s.trace_state,
+        flags: s.flags,
+        name: s.name,
+        kind: m::SpanKind::from_u8(kind),
+        start: UnixNanos(s.start_time_unix_nano),
+        end: UnixNanos(s.end_time_unix_nano),
+        attributes: attributes(s.attributes),
+        dropped_attributes_count: s.dropped_attributes_count,
+        events: s.events.into_iter().map(event).collect(),
+        dropped_events_count: s.dropped_events_count,
+        links,
+        dropped_links_count: s.dropped_links_count,
+        status_code: m::StatusCode::from_u8(code),
+        status_message: status.message,
+        resource: resource.clone(),
+        scope: scope.clone(),
+    })
+}
+
+fn event(e: span::Event) -> m::Event {
+    m::Event {
+        time: UnixNanos(e.time_unix_nano),
+        name: e.name,
+        attributes: attributes(e.attributes),
+        dropped_attributes_count: e.dropped_attributes_count,
+    }
+}
+
+fn link(l: span::Link) -> Result<m::Link, Problem> {
+    Ok(m::Link {
+        trace_id: trace_id(&l.trace_id, "trace_id")?,
+        span_id: span_id(&l.span_id, "span_id")?,
+        trace_state: l.trace_state,
+        attributes: attributes(l.attributes),
+        dropped_attributes_count: l.dropped_attributes_count,
+        flags: l.flags,
+    })
+}
+
+fn value_bytes(v: &AnyValue) -> usize {
+    match &v.value {
+        Some(any_value::Value::StringValue(s)) => s.len(),
+        Some(any_value::Value::BytesValue(b)) => b.len(),
+        Some(any_value::Value::ArrayValue(a)) => a.values.iter().map(value_bytes).sum(),
+        Some(any_value::Value::KvlistValue(kv)) => kv
+            .values
+            .iter()
+            .map(|kv| kv.key.len() + kv.value.as_ref().map_or(0, value_bytes))
+            .sum(),
+        _ => 8,
+    }
+}
+
+pub fn attributes(kvs: Vec<KeyValue>) -> Vec<m::KeyValue> {
+    kvs.into_iter()
+        .map(|kv| m::KeyValue {
+            key: kv.key,
+            value: kv.value.map(value).unwrap_or_default(),
+        })
+        .collect()
+}
+
+fn value(v: AnyValue) -> m::Value {
+    use any_value::Value as V;
+    match v.value {
+        None => m::Value::Empty,
+        Some(V::StringValue(s)) => m::Value::Str(s),
+        Some(V::BoolValue(b)) => m::Value::Bool(b),
+        Some(V::IntValue(i)) => m::Value::Int(i),
+        Some(V::DoubleValue(d)) => m::Value::Double(d),
+        Some(V::BytesValue(b)) => m::Value::Bytes(b),
+        Some(V::ArrayValue(a)) => m::Value::Array(a.values.into_iter().map(value).collect()),
+        Some(V::KvlistValue(kv)) => m::Value::KvList(attributes(kv.values)),
+        // Reserved for OTLP profiles' string tables; never valid in traces.
+        Some(V::StringValueStrindex(_)) => m::Value::Empty,
+    }
+}

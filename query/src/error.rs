@@ -1,0 +1,11 @@
+use thiserror::Error;
+use weft_storage::StorageError;
+
+#[derive(Debug, Error)]
+pub enum QueryError {
+    /// A parameter the caller can fix.
+    #[error("invalid {param}: {detail}")]
+    InvalidParameter { param: &'static str, detail: String },
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+}

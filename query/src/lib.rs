@@ -1,0 +1,12 @@
+//! Weft's query layer: answers questions over the store. This first piece is trace search
+//! (filters that must hold on one span of a trace, newest traces first, cursor paging), served
+//! from the storage indexes: bitmap postings narrow rows before any column is decoded, and the
+//! per-block trace summaries answer without re-reading traces.
+//!
+//! It does not speak HTTP (that is `weft-api`) and does not decode OTLP.
+
+pub mod error;
+pub mod search;
+
+pub use error::QueryError;
+pub use search::{SearchPage, SearchRequest, TraceSummary, search};

@@ -1,0 +1,292 @@
+//! Trace search: traces having one span that matches every filter, newest trace first.
+
+use std::collections::{BTreeMap, HashMap};
+
+use roaring::RoaringBitmap;
+use weft_storage::Store;
+use weft_storage::block::reader::Rows;
+use weft_storage::block::writer::col;
+use weft_storage::block::{BlockMeta, TraceEntry};
+use weft_storage::codec::Reader;
+use weft_storage::keys::BlockAddr;
+use weft_storage::model::{SpanRecord, StatusCode, TenantId, TraceId, Value};
+use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, dedicated_for};
+
+use crate::error::QueryError;
+
+/// Filters of a search; all of them must hold on one span of a trace.
+#[derive(Clone, Debug, Default)]
+pub struct SearchRequest {
+    pub service: Option<String>,
+    pub name: Option<String>,
+    pub attributes: Vec<(String, String)>,
+    pub min_duration_ns: Option<u64>,
+    pub max_duration_ns: Option<u64>,
+    /// The matching span starts at or after this time (Unix ns).
+    pub start: Option<u64>,
+    /// The matching span starts before this time (Unix ns).
+    pub end: Option<u64>,
+    pub limit: usize,
+    pub cursor: Option<Cursor>,
+}
+
+/// Where a page ended: the last trace's (start time, id). Opaque text to clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub start: u64,
+    pub trace_id: TraceId,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        format!("{:x}-{}", self.start, self.trace_id.to_hex())
+    }
+    pub fn decode(text: &str) -> Result<Self, QueryError> {
+        let bad = || QueryError::InvalidParameter {
+            param: "cursor",
+            detail: format!("{text:?} is not a cursor returned by this API"),
+        };
+        let (start, trace) = text.split_once('-').ok_or_else(bad)?;
+        Ok(Self {
+            start: u64::from_str_radix(start, 16).map_err(|_| bad())?,
+            trace_id: TraceId::from_hex(trace).map_err(|_| bad())?,
+        })
+    }
+    /// Whether a trace sorts after this cursor (newest first, then by id descending).
+    fn is_before(&self, start: u64, id: &TraceId) -> bool {
+        (start, *id) < (self.start, self.trace_id)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceSummary {
+    pub trace_id: TraceId,
+    pub root_service: String,
+    pub root_name: String,
+    pub start_time: u64,
+    pub duration_ns: u64,
+    pub span_count: u64,
+    pub error_count: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SearchPage {
+    pub traces: Vec<TraceSummary>,
+    pub next_cursor: Option<String>,
+}
+
+pub fn search(store: &Store, tenant: &TenantId, req: &SearchRequest) -> Result<SearchPage, QueryError> {
+    let mut matched: Vec<TraceId> = Vec::new();
+    for (addr, meta) in store.blocks(tenant) {
+        if !overlaps(&meta, req) {
+            continue;
+        }
+        let rows = matching_rows(store, tenant, addr, &meta, req)?;
+        if rows.is_empty() {
+            continue;
+        }
+        let traces = store.block_traces(tenant, addr)?;
+        matched.extend(traces_of_rows(&traces, &rows));
+    }
+    let head = store.head_snapshot(tenant);
+    matched.extend(head.rows().filter(|s| span_matches(s, req)).map(|s| s.trace_id));
+    matched.sort_unstable();
+    matched.dedup();
+
+    let mut summaries = Vec::with_capacity(matched.len());
+    for trace in matched {
+        if let Some(s) = summarize(store, tenant, &trace, &head)? {
+            summaries.push(s);
+        }
+    }
+    summaries.sort_by(|a, b| (b.start_time, b.trace_id).cmp(&(a.start_time, a.trace_id)));
+    if let Some(c) = &req.cursor {
+        summaries.retain(|s| c.is_before(s.start_time, &s.trace_id));
+    }
+    let limit = req.limit.max(1);
+    let next_cursor = (summaries.len() > limit).then(|| {
+        let last = &summaries[limit - 1];
+        Cursor {
+            start: last.start_time,
+            trace_id: last.trace_id,
+        }
+        .encode()
+    });
+    summaries.truncate(limit);
+    Ok(SearchPage {
+        traces: summaries,
+        next_cursor,
+    })
+}
+
+fn overlaps(meta: &BlockMeta, req: &SearchRequest) -> bool {
+    req.start.is_none_or(|s| meta.max_start >= s) && req.end.is_none_or(|e| meta.min_start < e)
+}
+
+/// Rows of one block where a single span satisfies every filter. Indexed filters are bitmap
+/// intersections; the others decode only their column, only for rows still in the running.
+fn matching_rows(store: &Store, tenant: &TenantId, addr: BlockAddr, meta: &BlockMeta, req: &SearchRequest) -> Result<RoaringBitmap, QueryError> {
+    let mut rows = RoaringBitmap::new();
+    rows.insert_range(0..meta.rows);
+    let mut narrow = |dim: &str, term: &str| -> Result<(), QueryError> {
+        rows &= store.postings(tenant, addr, dim, term)?;
+        Ok(())
+    };
+    if let Some(service) = &req.service {
+        narrow(DIM_SERVICE, service)?;
+    }
+    if let Some(name) = &req.name {
+        narrow(DIM_NAME, name)?;
+    }
+    let mut unindexed = Vec::new();
+    for (key, value) in &req.attributes {
+        match dedicated_for(key) {
+            Some((i, _)) if DEDICATED[i].indexed => narrow(DEDICATED[i].name, value)?,
+            _ => unindexed.push((key, value)),
+        }
+    }
+    let reader = store.block_reader(tenant, addr, meta);
+    for (key, value) in unindexed {
+        if rows.is_empty() {
+            break;
+        }
+        rows = attribute_rows(&reader, key, value, &rows)?;
+    }
+    let time_filtered = req.start.is_some_and(|s| meta.min_start < s) || req.end.is_some_and(|e| meta.max_start >= e);
+    if time_filtered && !rows.is_empty() {
+        let starts = reader.ints(col::START, &Rows::Set(rows.clone()))?;
+        rows = keep(&rows, &starts, |t| req.start.is_none_or(|s| t as u64 >= s) && req.end.is_none_or(|e| (t as u64) < e));
+    }
+    if (req.min_duration_ns.is_some() || req.max_duration_ns.is_some()) && !rows.is_empty() {
+        let durations = reader.ints(col::DURATION, &Rows::Set(rows.clone()))?;
+        rows = keep(&rows, &durations, |d| duration_ok(d as u64, req));
+    }
+    Ok(rows)
+}
+
+fn keep(rows: &RoaringBitmap, values: &[i64], pred: impl Fn(i64) -> bool) -> RoaringBitmap {
+    rows.iter().zip(values).filter(|(_, v)| pred(**v)).map(|(r, _)| r).collect()
+}
+
+fn duration_ok(d: u64, req: &SearchRequest) -> bool {
+    req.min_duration_ns.is_none_or(|m| d >= m) && req.max_duration_ns.is_none_or(|m| d <= m)
+}
+
+/// Rows among `rows` whose attribute `key` equals `value`, wherever the block keeps it: its
+/// dedicated or dynamic column, or the generic map.
+fn attribute_rows<S: weft_storage::block::reader::ChunkSource>(
+    reader: &weft_storage::block::BlockReader<'_, S>,
+    key: &str,
+    value: &str,
+    rows: &RoaringBitmap,
+) -> Result<RoaringBitmap, QueryError> {
+    let selection = Rows::Set(rows.clone());
+    let mut out = RoaringBitmap::new();
+    let typed = match dedicated_for(key) {
+        Some((i, _)) => format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[i].name),
+        None => format!("{}{}", col::DYNAMIC_PREFIX, key),
+    };
+    if let Some(values) = reader.attribute_values(&typed, &selection)? {
+        out.extend(rows.iter().zip(values).filter(|(_, v)| v.as_ref().is_some_and(|v| value_matches(v, value))).map(|(r, _)| r));
+    }
+    if let Some(blobs) = reader.blobs(col::ATTRIBUTES_OTHER, &selection)? {
+        for (row, blob) in rows.iter().zip(blobs) {
+            let Some(blob) = blob else { continue };
+            let attrs = Reader::new(&blob).attrs()?;
+            if attrs.iter().any(|kv| kv.key == key && value_matches(&kv.value, value)) {
+                out.insert(row);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn value_matches(v: &Value, text: &str) -> bool {
+    match v {
+        Value::Double(d) => text.parse::<f64>().is_ok_and(|t| t == *d),
+        other => other.as_term().is_some_and(|t| t == text),
+    }
+}
+
+/// Trace ids of the traces owning `rows` (trace entries are sorted by row).
+fn traces_of_rows(traces: &[TraceEntry], rows: &RoaringBitmap) -> Vec<TraceId> {
+    let mut out = Vec::new();
+    for row in rows {
+        let i = traces.partition_point(|t| t.row_start + t.rows <= row);
+        if let Some(t) = traces.get(i)
+            && out.last() != Some(&t.trace_id)
+        {
+            out.push(t.trace_id);
+        }
+    }
+    out
+}
+
+fn span_matches(s: &SpanRecord, req: &SearchRequest) -> bool {
+    req.service.as_ref().is_none_or(|v| s.service_name() == v)
+        && req.name.as_ref().is_none_or(|v| &s.name == v)
+        && req.start.is_none_or(|t| s.start.0 >= t)
+        && req.end.is_none_or(|t| s.start.0 < t)
+        && duration_ok(s.duration_ns(), req)
+        && req.attributes.iter().all(|(k, v)| attribute_matches(s, k, v))
+}
+
+/// Matches an attribute by its name or by the other generation of its GenAI name.
+fn attribute_matches(s: &SpanRecord, key: &str, value: &str) -> bool {
+    let canonical = dedicated_for(key).map(|(i, _)| i);
+    s.attributes.iter().any(|kv| {
+        let same_key = kv.key == key || (canonical.is_some() && dedicated_for(&kv.key).map(|(i, _)| i) == canonical);
+        same_key && value_matches(&kv.value, value)
+    })
+}
+
+/// A trace's summary from the per-block trace entries and the head.
+fn summarize(store: &Store, tenant: &TenantId, trace: &TraceId, head: &weft_storage::head::HeadSnapshot) -> Result<Option<TraceSummary>, QueryError> {
+    let mut acc = Acc::default();
+    for (_, entry) in store.trace_locations(tenant, trace)? {
+        acc.add(entry.min_start, entry.max_end, entry.rows.into(), entry.errors.into(), entry.root);
+    }
+    let mut seen: HashMap<_, ()> = HashMap::new();
+    for s in head.rows().filter(|s| s.trace_id == *trace) {
+        if seen.insert(s.span_id, ()).is_some() {
+            continue;
+        }
+        let root = s.parent_span_id.is_none().then(|| (s.service_name().to_owned(), s.name.clone()));
+        acc.add(s.start.0, s.end.0, 1, u64::from(s.status_code == StatusCode::Error), root);
+    }
+    Ok(acc.finish(*trace))
+}
+
+#[derive(Default)]
+struct Acc {
+    start: Option<u64>,
+    end: u64,
+    spans: u64,
+    errors: u64,
+    roots: BTreeMap<u64, (String, String)>,
+}
+
+impl Acc {
+    fn add(&mut self, start: u64, end: u64, spans: u64, errors: u64, root: Option<(String, String)>) {
+        self.start = Some(self.start.map_or(start, |s| s.min(start)));
+        self.end = self.end.max(end);
+        self.spans += spans;
+        self.errors += errors;
+        if let Some(r) = root {
+            self.roots.entry(start).or_insert(r);
+        }
+    }
+    fn finish(self, trace_id: TraceId) -> Option<TraceSummary> {
+        let start = self.start?;
+        let (root_service, root_name) = self.roots.into_values().next().unwrap_or_default();
+        Some(TraceSummary {
+            trace_id,
+            root_service,
+            root_name,
+            start_time: start,
+            duration_ns: self.end.saturating_sub(start),
+            span_count: self.spans,
+            error_count: self.errors,
+        })
+    }
+}

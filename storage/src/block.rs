@@ -1,0 +1,10 @@
+//! Immutable columnar blocks: the rows of one tenant and one time window, sorted by trace id
+//! and start time, stored as one RocksDB value per column chunk.
+
+pub mod format;
+pub mod reader;
+pub mod writer;
+
+pub use format::{BlockMeta, ColumnMeta, TraceEntry};
+pub use reader::BlockReader;
+pub use writer::{BuiltBlock, build_block};

@@ -1,0 +1,363 @@
+//! On-disk formats of a block.
+//!
+//! **Column chunk** (key `chunk`): a single-column Parquet file of one row group, no Arrow
+//! metadata, pages of [`PAGE_ROWS`] rows with an offset index (so that a row range decodes only
+//! its pages), zstd-compressed, with an encoding chosen per column ([`Enc`]): dictionary/RLE for
+//! repeating strings and ids, delta-binary-packed for times and counters, byte-stream-split for
+//! floats, plain for random ids. Parquet is the self-describing layer: a chunk is readable by any
+//! Parquet reader, and the cold tier re-packages chunks rather than re-encoding them.
+//!
+//! **Block meta** (key `meta`), codec layout:
+//! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
+//!  ncols:varint (name:str type:u8 kind:u8 bytes:varint)*`.
+//!
+//! **Trace summaries** (key `traces`): `version:u8=1 n:varint` then per trace
+//! `trace:16 row_start:varint rows:varint min_start:varint max_end:varint errors:varint
+//!  has_root:u8 [root_service:str root_name:str]`.
+//!
+//! **Postings** (key `postings`, one per dimension): `version:u8=1 n:varint` then per term
+//! `term:str bitmap:bytes` where bitmap is a portable roaring serialisation of row numbers.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::concat;
+use arrow::datatypes::{Field, Schema};
+use bytes::Bytes;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+};
+use parquet::arrow::arrow_writer::ArrowWriterOptions;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use roaring::RoaringBitmap;
+
+use crate::codec::{Reader, Writer};
+use crate::error::{Result, StorageError};
+use crate::model::TraceId;
+use crate::schema::ColumnType;
+
+pub const META_VERSION: u8 = 1;
+pub const TRACES_VERSION: u8 = 1;
+pub const POSTINGS_VERSION: u8 = 1;
+/// Rows per Parquet page: the unit a point read decodes.
+pub const PAGE_ROWS: usize = 4096;
+const ZSTD_LEVEL: i32 = 3;
+
+/// How a column chunk is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enc {
+    /// Dictionary + RLE: strings and ids that repeat.
+    Dict,
+    /// Delta binary packed: times, sorted or slowly varying integers.
+    Delta,
+    /// Byte-stream-split: floats.
+    Split,
+    /// Plain: random ids, opaque blobs.
+    Plain,
+}
+
+/// What a column holds, so a reader knows how to put it back into a span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ColumnKind {
+    /// A fixed column of every block (ids, times, name, status, …).
+    Core = 0,
+    /// A dedicated LLM attribute column (`d:` + attribute name).
+    Dedicated = 1,
+    /// A dynamic attribute column of this block (`a:` + attribute key).
+    Dynamic = 2,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColumnMeta {
+    pub name: String,
+    pub ty: Option<ColumnType>,
+    pub kind: ColumnKind,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockMeta {
+    pub rows: u32,
+    pub min_start: u64,
+    pub max_start: u64,
+    pub max_end: u64,
+    pub columns: Vec<ColumnMeta>,
+}
+
+impl BlockMeta {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.buf.push(META_VERSION);
+        w.u64(self.rows.into());
+        w.u64(self.min_start);
+        w.u64(self.max_start);
+        w.u64(self.max_end);
+        w.u64(self.columns.len() as u64);
+        for c in &self.columns {
+            w.str(&c.name);
+            w.buf.push(c.ty.map_or(0xff, ColumnType::code));
+            w.buf.push(c.kind as u8);
+            w.u64(c.bytes);
+        }
+        w.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(buf);
+        check_version(&mut r, "block meta", META_VERSION)?;
+        let rows = r.u32()?;
+        let (min_start, max_start, max_end) = (r.u64()?, r.u64()?, r.u64()?);
+        let n = r.u64()? as usize;
+        let mut columns = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            let name = r.string()?;
+            let ty = ColumnType::from_code(r.u8()?);
+            let kind = match r.u8()? {
+                0 => ColumnKind::Core,
+                1 => ColumnKind::Dedicated,
+                2 => ColumnKind::Dynamic,
+                k => return Err(StorageError::corrupt("block meta", format!("column kind {k}"))),
+            };
+            columns.push(ColumnMeta {
+                name,
+                ty,
+                kind,
+                bytes: r.u64()?,
+            });
+        }
+        Ok(Self {
+            rows,
+            min_start,
+            max_start,
+            max_end,
+            columns,
+        })
+    }
+
+    pub fn column(&self, name: &str) -> Option<&ColumnMeta> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.columns.iter().map(|c| c.bytes).sum()
+    }
+}
+
+fn check_version(r: &mut Reader<'_>, what: &'static str, supported: u8) -> Result<()> {
+    let found = r.u8()?;
+    if found == 0 || found > supported {
+        return Err(StorageError::UnsupportedVersion {
+            what,
+            found,
+            supported,
+        });
+    }
+    Ok(())
+}
+
+/// One trace's rows in one block, with what a search result needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEntry {
+    pub trace_id: TraceId,
+    pub row_start: u32,
+    pub rows: u32,
+    pub min_start: u64,
+    pub max_end: u64,
+    pub errors: u32,
+    /// (service, name) of the root span, when the root is in this block.
+    pub root: Option<(String, String)>,
+}
+
+pub fn encode_traces(entries: &[TraceEntry]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.buf.push(TRACES_VERSION);
+    w.u64(entries.len() as u64);
+    for e in entries {
+        w.raw(&e.trace_id.0);
+        w.u64(e.row_start.into());
+        w.u64(e.rows.into());
+        w.u64(e.min_start);
+        w.u64(e.max_end);
+        w.u64(e.errors.into());
+        match &e.root {
+            Some((service, name)) => {
+                w.buf.push(1);
+                w.str(service);
+                w.str(name);
+            }
+            None => w.buf.push(0),
+        }
+    }
+    w.buf
+}
+
+pub fn decode_traces(buf: &[u8]) -> Result<Vec<TraceEntry>> {
+    let mut r = Reader::new(buf);
+    check_version(&mut r, "trace summaries", TRACES_VERSION)?;
+    let n = r.u64()? as usize;
+    let mut out = Vec::with_capacity(n.min(1 << 20));
+    for _ in 0..n {
+        let trace_id = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+        out.push(TraceEntry {
+            trace_id,
+            row_start: r.u32()?,
+            rows: r.u32()?,
+            min_start: r.u64()?,
+            max_end: r.u64()?,
+            errors: r.u32()?,
+            root: match r.u8()? {
+                0 => None,
+                _ => Some((r.string()?, r.string()?)),
+            },
+        });
+    }
+    Ok(out)
+}
+
+pub fn encode_postings(terms: &[(String, RoaringBitmap)]) -> Result<Vec<u8>> {
+    let mut w = Writer::default();
+    w.buf.push(POSTINGS_VERSION);
+    w.u64(terms.len() as u64);
+    let mut bitmap = Vec::new();
+    for (term, rows) in terms {
+        w.str(term);
+        bitmap.clear();
+        rows.serialize_into(&mut bitmap)?;
+        w.bytes(&bitmap);
+    }
+    Ok(w.buf)
+}
+
+pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
+    let mut r = Reader::new(buf);
+    check_version(&mut r, "postings", POSTINGS_VERSION)?;
+    let n = r.u64()? as usize;
+    let mut out = Vec::with_capacity(n.min(1 << 20));
+    for _ in 0..n {
+        let term = r.string()?;
+        let rows = RoaringBitmap::deserialize_from(r.bytes()?)?;
+        out.push((term, rows));
+    }
+    Ok(out)
+}
+
+/// Encodes one Arrow array as a single-column Parquet chunk.
+pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
+    let field = Field::new("v", array.data_type().clone(), true);
+    let schema = Arc::new(Schema::new(vec![field]));
+    let mut props = WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_2_0)
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?))
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_write_batch_size(PAGE_ROWS)
+        .set_max_row_group_row_count(Some(usize::MAX))
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_created_by(String::new());
+    props = match enc {
+        Enc::Dict => props.set_dictionary_enabled(true),
+        Enc::Delta => props
+            .set_dictionary_enabled(false)
+            .set_encoding(Encoding::DELTA_BINARY_PACKED),
+        Enc::Split => props
+            .set_dictionary_enabled(false)
+            .set_encoding(Encoding::BYTE_STREAM_SPLIT),
+        Enc::Plain => props.set_dictionary_enabled(false),
+    };
+    let options = ArrowWriterOptions::new()
+        .with_properties(props.build())
+        .with_skip_arrow_metadata(true);
+    let mut out = Vec::with_capacity(1024);
+    let mut writer = ArrowWriter::try_new_with_options(&mut out, schema.clone(), options)?;
+    writer.write(&RecordBatch::try_new(schema, vec![array.clone()])?)?;
+    writer.close()?;
+    Ok(out)
+}
+
+/// Decodes a column chunk, optionally only the selected rows (only their pages are read).
+pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<ArrayRef> {
+    // Only the offset index (page locations) is written; it lets a selection skip pages.
+    let policy = if selection.is_some() { PageIndexPolicy::Optional } else { PageIndexPolicy::Skip };
+    let options = ArrowReaderOptions::new().with_offset_index_policy(policy);
+    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
+    let rows = builder.metadata().file_metadata().num_rows().max(1) as usize;
+    let mut builder = builder.with_batch_size(rows);
+    if let Some(selection) = selection {
+        builder = builder.with_row_selection(selection);
+    }
+    let batches = builder
+        .build()?
+        .map(|b| b.map(|b| b.column(0).clone()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    match batches.len() {
+        0 => Err(StorageError::corrupt("column chunk", "no rows")),
+        1 => Ok(batches.into_iter().next().expect("one batch")),
+        _ => {
+            let refs: Vec<&dyn arrow::array::Array> = batches.iter().map(|a| a.as_ref()).collect();
+            Ok(concat(&refs)?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int64Array, StringArray};
+    use parquet::arrow::arrow_reader::RowSelector;
+
+    #[test]
+    fn chunk_round_trips_whole_and_selected() {
+        let values: Vec<i64> = (0..20_000).map(|i| i * 25_000_000 + (i % 7)).collect();
+        let array: ArrayRef = Arc::new(Int64Array::from(values.clone()));
+        let bytes = Bytes::from(encode_chunk(&array, Enc::Delta).unwrap());
+        assert!(bytes.len() < values.len() * 3, "delta encoding should compress: {}", bytes.len());
+        let whole = decode_chunk(bytes.clone(), None).unwrap();
+        assert_eq!(whole.as_ref(), array.as_ref());
+        let sel = RowSelection::from(vec![RowSelector::skip(9000), RowSelector::select(3)]);
+        let part = decode_chunk(bytes, Some(sel)).unwrap();
+        let part = part.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!(part.values().as_ref(), &values[9000..9003]);
+    }
+
+    #[test]
+    fn dictionary_strings_with_nulls_round_trip() {
+        let array: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("a"), Some("b")]));
+        let bytes = Bytes::from(encode_chunk(&array, Enc::Dict).unwrap());
+        assert_eq!(decode_chunk(bytes, None).unwrap().as_ref(), array.as_ref());
+    }
+
+    #[test]
+    fn meta_traces_postings_round_trip() {
+        let meta = BlockMeta {
+            rows: 3,
+            min_start: 1,
+            max_start: 2,
+            max_end: 9,
+            columns: vec![ColumnMeta {
+                name: "d:llm.batch_size".into(),
+                ty: Some(ColumnType::Int),
+                kind: ColumnKind::Dedicated,
+                bytes: 42,
+            }],
+        };
+        assert_eq!(BlockMeta::decode(&meta.encode()).unwrap(), meta);
+        let traces = vec![TraceEntry {
+            trace_id: TraceId([5; 16]),
+            row_start: 0,
+            rows: 3,
+            min_start: 1,
+            max_end: 9,
+            errors: 1,
+            root: Some(("svc".into(), "GET /".into())),
+        }];
+        assert_eq!(decode_traces(&encode_traces(&traces)).unwrap(), traces);
+        let postings = vec![("v1".to_string(), RoaringBitmap::from_iter([1u32, 5, 9]))];
+        assert_eq!(decode_postings(&encode_postings(&postings).unwrap()).unwrap(), postings);
+        let mut bad = meta.encode();
+        bad[0] = 9;
+        assert!(matches!(BlockMeta::decode(&bad), Err(StorageError::UnsupportedVersion { .. })));
+    }
+}

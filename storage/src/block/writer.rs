@@ -1,0 +1,469 @@
+//! Builds a block from head rows: sorts them, splits attributes into dedicated, dynamic,
+//! generic-map and long-value columns, encodes each column chunk, and derives the trace
+//! summaries and bitmap postings of the block.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int64Builder,
+    ListBuilder, StringBuilder,
+};
+use roaring::RoaringBitmap;
+
+use super::format::{
+    BlockMeta, ColumnKind, ColumnMeta, Enc, TraceEntry, encode_chunk, encode_postings,
+};
+use crate::codec::Writer;
+use crate::error::Result;
+use crate::model::{KeyValue, SpanRecord, StatusCode, Value};
+use crate::schema::{
+    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, TRACE_DIM_PREFIX, dedicated_for,
+    is_long,
+};
+
+/// Names of the columns every block has.
+pub mod col {
+    pub const TRACE_ID: &str = "trace_id";
+    pub const SPAN_ID: &str = "span_id";
+    pub const PARENT_SPAN_ID: &str = "parent_span_id";
+    pub const TRACE_STATE: &str = "trace_state";
+    pub const FLAGS: &str = "flags";
+    pub const NAME: &str = "name";
+    pub const KIND: &str = "kind";
+    pub const START: &str = "start_time";
+    pub const DURATION: &str = "duration_ns";
+    pub const STATUS_CODE: &str = "status_code";
+    pub const STATUS_MESSAGE: &str = "status_message";
+    pub const SERVICE: &str = "service_name";
+    pub const RESOURCE: &str = "resource";
+    pub const SCOPE: &str = "scope";
+    pub const DROPPED_ATTRIBUTES: &str = "dropped_attributes";
+    pub const DROPPED_EVENTS: &str = "dropped_events";
+    pub const DROPPED_LINKS: &str = "dropped_links";
+    pub const EVENTS: &str = "events";
+    pub const LINKS: &str = "links";
+    pub const ALIAS_MASK: &str = "alias_mask";
+    pub const ATTRIBUTES_OTHER: &str = "attributes_other";
+    pub const LONG_VALUES: &str = "long_values";
+    pub const DEDICATED_PREFIX: &str = "d:";
+    pub const DYNAMIC_PREFIX: &str = "a:";
+}
+
+/// At most this many attribute keys get a dynamic column per block; the rest go to the map.
+pub const MAX_DYNAMIC_COLUMNS: usize = 64;
+
+/// A block ready to be written: its meta, column chunks, trace summaries and postings.
+pub struct BuiltBlock {
+    pub meta: BlockMeta,
+    pub chunks: Vec<(String, Vec<u8>)>,
+    pub traces: Vec<TraceEntry>,
+    pub postings: Vec<(String, Vec<u8>)>,
+}
+
+/// A typed Arrow builder for one attribute column.
+enum TypedBuilder {
+    Str(StringBuilder),
+    Int(Int64Builder),
+    Double(Float64Builder),
+    Bool(BooleanBuilder),
+    StrList(ListBuilder<StringBuilder>),
+}
+
+impl TypedBuilder {
+    fn new(ty: ColumnType) -> Self {
+        match ty {
+            ColumnType::Str => Self::Str(StringBuilder::new()),
+            ColumnType::Int => Self::Int(Int64Builder::new()),
+            ColumnType::Double => Self::Double(Float64Builder::new()),
+            ColumnType::Bool => Self::Bool(BooleanBuilder::new()),
+            ColumnType::StrList => Self::StrList(ListBuilder::new(StringBuilder::new())),
+        }
+    }
+
+    /// Appends a value of the column's type; false (and nothing appended) for another type.
+    fn try_append(&mut self, v: &Value) -> bool {
+        match (self, v) {
+            (Self::Str(b), Value::Str(s)) => b.append_value(s),
+            (Self::Int(b), Value::Int(i)) => b.append_value(*i),
+            (Self::Double(b), Value::Double(d)) => b.append_value(*d),
+            (Self::Bool(b), Value::Bool(x)) => b.append_value(*x),
+            (Self::StrList(b), Value::Array(items))
+                if items.iter().all(|i| matches!(i, Value::Str(_))) =>
+            {
+                for item in items {
+                    if let Value::Str(s) = item {
+                        b.values().append_value(s);
+                    }
+                }
+                b.append(true);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn append_null(&mut self) {
+        match self {
+            Self::Str(b) => b.append_null(),
+            Self::Int(b) => b.append_null(),
+            Self::Double(b) => b.append_null(),
+            Self::Bool(b) => b.append_null(),
+            Self::StrList(b) => b.append(false),
+        }
+    }
+
+    fn finish(self) -> (ArrayRef, Enc) {
+        match self {
+            Self::Str(mut b) => (Arc::new(b.finish()), Enc::Dict),
+            Self::Int(mut b) => (Arc::new(b.finish()), Enc::Dict),
+            Self::Double(mut b) => (Arc::new(b.finish()), Enc::Split),
+            Self::Bool(mut b) => (Arc::new(b.finish()), Enc::Plain),
+            Self::StrList(mut b) => (Arc::new(b.finish()), Enc::Dict),
+        }
+    }
+}
+
+/// An attribute column being filled, with the slot of the current row.
+struct AttrColumn {
+    builder: TypedBuilder,
+    filled: bool,
+}
+
+impl AttrColumn {
+    fn new(ty: ColumnType) -> Self {
+        Self {
+            builder: TypedBuilder::new(ty),
+            filled: false,
+        }
+    }
+    fn offer(&mut self, v: &Value) -> bool {
+        if self.filled {
+            return false; // a repeated key in one span keeps its second value in the map
+        }
+        self.filled = self.builder.try_append(v);
+        self.filled
+    }
+    fn end_row(&mut self) {
+        if !self.filled {
+            self.builder.append_null();
+        }
+        self.filled = false;
+    }
+}
+
+/// Picks the dynamic columns of a block: the most frequent plain attribute keys, typed by
+/// their most frequent value type.
+fn choose_dynamic(rows: &[SpanRecord]) -> Vec<(String, ColumnType)> {
+    let mut counts: HashMap<(&str, ColumnType), usize> = HashMap::new();
+    for kv in rows.iter().flat_map(|r| &r.attributes) {
+        if dedicated_for(&kv.key).is_some() || is_long(&kv.key, &kv.value) {
+            continue;
+        }
+        if let Some(ty) = ColumnType::of(&kv.value).filter(|t| *t != ColumnType::StrList) {
+            *counts.entry((kv.key.as_str(), ty)).or_default() += 1;
+        }
+    }
+    let mut best: BTreeMap<&str, (usize, ColumnType)> = BTreeMap::new();
+    for ((key, ty), n) in counts {
+        let e = best.entry(key).or_insert((n, ty));
+        if n > e.0 || (n == e.0 && ty.code() < e.1.code()) {
+            *e = (n, ty);
+        }
+    }
+    let mut keys: Vec<_> = best.into_iter().collect();
+    keys.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
+    keys.truncate(MAX_DYNAMIC_COLUMNS);
+    keys.into_iter().map(|(k, (_, ty))| (k.to_owned(), ty)).collect()
+}
+
+/// The postings being built: dimension -> term -> rows.
+#[derive(Default)]
+struct Postings(BTreeMap<String, BTreeMap<String, RoaringBitmap>>);
+
+impl Postings {
+    fn add(&mut self, dim: &str, term: String, row: u32) {
+        self.0
+            .entry(dim.to_owned())
+            .or_default()
+            .entry(term)
+            .or_default()
+            .insert(row);
+    }
+    fn add_range(&mut self, dim: String, term: String, rows: std::ops::Range<u32>) {
+        self.0
+            .entry(dim)
+            .or_default()
+            .entry(term)
+            .or_default()
+            .insert_range(rows);
+    }
+    fn encode(self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.0
+            .into_iter()
+            .map(|(dim, terms)| {
+                let terms: Vec<_> = terms.into_iter().collect();
+                Ok((dim, encode_postings(&terms)?))
+            })
+            .collect()
+    }
+}
+
+/// Sorts `rows` by (trace, start, span) and builds the block.
+pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
+    rows.sort_by(|a, b| {
+        (a.trace_id, a.start, a.span_id).cmp(&(b.trace_id, b.start, b.span_id))
+    });
+    let dynamic = choose_dynamic(&rows);
+    let dynamic_index: HashMap<&str, usize> =
+        dynamic.iter().enumerate().map(|(i, (k, _))| (k.as_str(), i)).collect();
+    let mut dedicated: Vec<AttrColumn> = DEDICATED.iter().map(|d| AttrColumn::new(d.ty)).collect();
+    let mut dynamic_cols: Vec<AttrColumn> = dynamic.iter().map(|(_, ty)| AttrColumn::new(*ty)).collect();
+
+    let n = rows.len();
+    let mut trace_ids = FixedSizeBinaryBuilder::with_capacity(n, 16);
+    let mut span_ids = FixedSizeBinaryBuilder::with_capacity(n, 8);
+    let mut parents = FixedSizeBinaryBuilder::with_capacity(n, 8);
+    let mut trace_state = StringBuilder::new();
+    let mut names = StringBuilder::new();
+    let mut services = StringBuilder::new();
+    let mut status_message = StringBuilder::new();
+    let mut resources = BinaryBuilder::new();
+    let mut scopes = BinaryBuilder::new();
+    let mut events = BinaryBuilder::new();
+    let mut links = BinaryBuilder::new();
+    let mut other = BinaryBuilder::new();
+    let mut long = BinaryBuilder::new();
+    let int_cols = 9;
+    let mut ints: Vec<Int64Builder> = (0..int_cols).map(|_| Int64Builder::with_capacity(n)).collect();
+    let mut postings = Postings::default();
+    let mut enc_cache: HashMap<*const (), Vec<u8>> = HashMap::new();
+
+    let (mut min_start, mut max_start, mut max_end) = (u64::MAX, 0, 0);
+    for (row, span) in rows.iter().enumerate() {
+        let row = row as u32;
+        min_start = min_start.min(span.start.0);
+        max_start = max_start.max(span.start.0);
+        max_end = max_end.max(span.end.0);
+        trace_ids.append_value(span.trace_id.0)?;
+        span_ids.append_value(span.span_id.0)?;
+        match span.parent_span_id {
+            Some(p) => parents.append_value(p.0)?,
+            None => parents.append_null(),
+        }
+        trace_state.append_value(&span.trace_state);
+        names.append_value(&span.name);
+        services.append_value(span.service_name());
+        status_message.append_value(&span.status_message);
+        let resource = enc_cache
+            .entry(Arc::as_ptr(&span.resource).cast())
+            .or_insert_with(|| {
+                let mut w = Writer::default();
+                w.resource(&span.resource);
+                w.buf
+            });
+        resources.append_value(&*resource);
+        let scope = enc_cache.entry(Arc::as_ptr(&span.scope).cast()).or_insert_with(|| {
+            let mut w = Writer::default();
+            w.scope(&span.scope);
+            w.buf
+        });
+        scopes.append_value(&*scope);
+        append_blob(&mut events, span.events.is_empty(), |w| w.events(&span.events));
+        append_blob(&mut links, span.links.is_empty(), |w| w.links(&span.links));
+
+        let mut alias_mask = 0i64;
+        let mut rest: Vec<&KeyValue> = Vec::new();
+        let mut longs: Vec<&KeyValue> = Vec::new();
+        for kv in &span.attributes {
+            if let Some((i, via_alias)) = dedicated_for(&kv.key) {
+                if dedicated[i].offer(&kv.value) {
+                    if via_alias {
+                        alias_mask |= 1 << i;
+                    }
+                    if DEDICATED[i].indexed
+                        && let Some(term) = kv.value.as_term()
+                    {
+                        postings.add(DEDICATED[i].name, term, row);
+                    }
+                    continue;
+                }
+            }
+            if is_long(&kv.key, &kv.value) {
+                longs.push(kv);
+            } else if !dynamic_index
+                .get(kv.key.as_str())
+                .is_some_and(|&i| dynamic_cols[i].offer(&kv.value))
+            {
+                rest.push(kv);
+            }
+        }
+        dedicated.iter_mut().for_each(AttrColumn::end_row);
+        dynamic_cols.iter_mut().for_each(AttrColumn::end_row);
+        append_blob(&mut other, rest.is_empty(), |w| write_kv_refs(w, &rest));
+        append_blob(&mut long, longs.is_empty(), |w| write_kv_refs(w, &longs));
+
+        let values = [
+            span.flags as i64,
+            span.kind as i64,
+            span.start.0 as i64,
+            span.duration_ns() as i64,
+            span.status_code as i64,
+            span.dropped_attributes_count as i64,
+            span.dropped_events_count as i64,
+            span.dropped_links_count as i64,
+            alias_mask,
+        ];
+        for (b, v) in ints.iter_mut().zip(values) {
+            b.append_value(v);
+        }
+        postings.add(DIM_SERVICE, span.service_name().to_owned(), row);
+        postings.add(DIM_NAME, span.name.clone(), row);
+        postings.add(DIM_STATUS, span.status_code.as_str().to_owned(), row);
+    }
+
+    let traces = trace_entries(&rows);
+    add_inherited_postings(&mut postings, &rows, &traces);
+
+    let mut ints = ints.into_iter().map(|mut b| Arc::new(b.finish()) as ArrayRef);
+    let mut next_int = || ints.next().expect("int column");
+    let core: Vec<(&str, ArrayRef, Enc)> = vec![
+        (col::TRACE_ID, Arc::new(trace_ids.finish()), Enc::Dict),
+        (col::SPAN_ID, Arc::new(span_ids.finish()), Enc::Plain),
+        (col::PARENT_SPAN_ID, Arc::new(parents.finish()), Enc::Dict),
+        (col::TRACE_STATE, Arc::new(trace_state.finish()), Enc::Dict),
+        (col::FLAGS, next_int(), Enc::Dict),
+        (col::KIND, next_int(), Enc::Dict),
+        (col::START, next_int(), Enc::Delta),
+        (col::DURATION, next_int(), Enc::Delta),
+        (col::STATUS_CODE, next_int(), Enc::Dict),
+        (col::DROPPED_ATTRIBUTES, next_int(), Enc::Dict),
+        (col::DROPPED_EVENTS, next_int(), Enc::Dict),
+        (col::DROPPED_LINKS, next_int(), Enc::Dict),
+        (col::ALIAS_MASK, next_int(), Enc::Dict),
+        (col::NAME, Arc::new(names.finish()), Enc::Dict),
+        (col::SERVICE, Arc::new(services.finish()), Enc::Dict),
+        (col::STATUS_MESSAGE, Arc::new(status_message.finish()), Enc::Dict),
+        (col::RESOURCE, Arc::new(resources.finish()), Enc::Dict),
+        (col::SCOPE, Arc::new(scopes.finish()), Enc::Dict),
+        (col::EVENTS, Arc::new(events.finish()), Enc::Plain),
+        (col::LINKS, Arc::new(links.finish()), Enc::Plain),
+        (col::ATTRIBUTES_OTHER, Arc::new(other.finish()), Enc::Plain),
+        (col::LONG_VALUES, Arc::new(long.finish()), Enc::Plain),
+    ];
+
+    let mut columns = Vec::new();
+    let mut chunks = Vec::new();
+    let mut push = |name: String, ty, kind, array: ArrayRef, enc| -> Result<()> {
+        if kind != ColumnKind::Core && array.null_count() == array.len() {
+            return Ok(()); // absent attribute: no chunk at all
+        }
+        let bytes = encode_chunk(&array, enc)?;
+        columns.push(ColumnMeta {
+            name: name.clone(),
+            ty,
+            kind,
+            bytes: bytes.len() as u64,
+        });
+        chunks.push((name, bytes));
+        Ok(())
+    };
+    for (name, array, enc) in core {
+        push(name.to_owned(), None, ColumnKind::Core, array, enc)?;
+    }
+    for (d, c) in DEDICATED.iter().zip(dedicated) {
+        let (array, enc) = c.builder.finish();
+        let name = format!("{}{}", col::DEDICATED_PREFIX, d.name);
+        push(name, Some(d.ty), ColumnKind::Dedicated, array, enc)?;
+    }
+    for ((key, ty), c) in dynamic.iter().zip(dynamic_cols) {
+        let (array, enc) = c.builder.finish();
+        let name = format!("{}{}", col::DYNAMIC_PREFIX, key);
+        push(name, Some(*ty), ColumnKind::Dynamic, array, enc)?;
+    }
+
+    let meta = BlockMeta {
+        rows: n as u32,
+        min_start,
+        max_start,
+        max_end,
+        columns,
+    };
+    Ok(BuiltBlock {
+        meta,
+        chunks,
+        traces,
+        postings: postings.encode()?,
+    })
+}
+
+fn append_blob(b: &mut BinaryBuilder, empty: bool, write: impl FnOnce(&mut Writer)) {
+    if empty {
+        b.append_null();
+    } else {
+        let mut w = Writer::default();
+        write(&mut w);
+        b.append_value(&w.buf);
+    }
+}
+
+fn write_kv_refs(w: &mut Writer, kvs: &[&KeyValue]) {
+    w.u64(kvs.len() as u64);
+    for kv in kvs {
+        w.str(&kv.key);
+        w.value(&kv.value);
+    }
+}
+
+/// One entry per trace run of the sorted rows.
+fn trace_entries(rows: &[SpanRecord]) -> Vec<TraceEntry> {
+    let mut out: Vec<TraceEntry> = Vec::new();
+    for (i, span) in rows.iter().enumerate() {
+        let new_trace = out.last().is_none_or(|e| e.trace_id != span.trace_id);
+        if new_trace {
+            out.push(TraceEntry {
+                trace_id: span.trace_id,
+                row_start: i as u32,
+                rows: 0,
+                min_start: span.start.0,
+                max_end: 0,
+                errors: 0,
+                root: None,
+            });
+        }
+        let e = out.last_mut().expect("entry pushed");
+        e.rows += 1;
+        e.min_start = e.min_start.min(span.start.0);
+        e.max_end = e.max_end.max(span.end.0);
+        e.errors += u32::from(span.status_code == StatusCode::Error);
+        if span.parent_span_id.is_none() && e.root.is_none() {
+            e.root = Some((span.service_name().to_owned(), span.name.clone()));
+        }
+    }
+    out
+}
+
+/// For dimensions set on one span of a request (model version, worker, …), marks every row of
+/// the trace, so that "tokens of model version X" is one bitmap read.
+fn add_inherited_postings(postings: &mut Postings, rows: &[SpanRecord], traces: &[TraceEntry]) {
+    for t in traces {
+        let range = t.row_start..t.row_start + t.rows;
+        let spans = &rows[range.start as usize..range.end as usize];
+        let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for kv in spans.iter().flat_map(|s| &s.attributes) {
+            let Some((i, _)) = dedicated_for(&kv.key) else { continue };
+            let d = &DEDICATED[i];
+            if let (true, Some(term)) = (d.inherited, kv.value.as_term()) {
+                let terms = seen.entry(d.name).or_default();
+                if !terms.contains(&term) {
+                    terms.push(term);
+                }
+            }
+        }
+        for (dim, terms) in seen {
+            for term in terms {
+                postings.add_range(format!("{TRACE_DIM_PREFIX}{dim}"), term, range.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,44 @@
+use thiserror::Error;
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// What can go wrong in the store, named for what the caller can do about it.
+#[derive(Debug, Error)]
+pub enum StorageError {
+    #[error("invalid tenant {name:?}: use 1 to 128 characters of A-Z a-z 0-9 _ . -")]
+    InvalidTenant { name: String },
+    #[error("invalid {what} {value:?}: expected lower-case hex of the right length")]
+    InvalidId { what: &'static str, value: String },
+    #[error("write path saturated: {pending_rows} rows wait for flush; retry after {retry_after_ms} ms")]
+    Overloaded {
+        pending_rows: usize,
+        retry_after_ms: u64,
+    },
+    #[error("corrupt {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("unsupported format version {found} of {what} (this build reads up to {supported})")]
+    UnsupportedVersion {
+        what: &'static str,
+        found: u8,
+        supported: u8,
+    },
+    #[error("rocksdb: {0}")]
+    RocksDb(#[from] rocksdb::Error),
+    #[error("column encoding: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("store is shutting down")]
+    ShuttingDown,
+}
+
+impl StorageError {
+    pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Self {
+        Self::Corrupt {
+            what,
+            detail: detail.into(),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The head: rows acknowledged since the last flush, kept in memory (and in the write-ahead
+//! column family) and queryable at once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::model::{SpanId, SpanRecord, TraceId};
+
+/// Accepted rows of one tenant, in the batches they arrived in.
+#[derive(Default)]
+pub struct Head {
+    pub batches: Vec<Arc<Vec<SpanRecord>>>,
+    /// (batch, row) of each trace's rows.
+    pub by_trace: HashMap<TraceId, Vec<(u32, u32)>>,
+    /// Write-ahead keys of the batches, deleted when the head becomes a block.
+    pub wal_keys: Vec<Vec<u8>>,
+    /// Span identities held or reserved by this head, so that a retried batch is stored once.
+    pub seen: HashSet<(TraceId, SpanId)>,
+    pub rows: usize,
+    pub since: Option<Instant>,
+}
+
+impl Head {
+    pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<SpanRecord>>, now: Instant) {
+        let b = self.batches.len() as u32;
+        for (i, span) in batch.iter().enumerate() {
+            self.by_trace.entry(span.trace_id).or_default().push((b, i as u32));
+        }
+        self.rows += batch.len();
+        self.since.get_or_insert(now);
+        self.wal_keys.push(wal_key);
+        self.batches.push(batch);
+    }
+
+    pub fn trace(&self, trace: &TraceId) -> Vec<SpanRecord> {
+        self.by_trace
+            .get(trace)
+            .into_iter()
+            .flatten()
+            .map(|&(b, i)| self.batches[b as usize][i as usize].clone())
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+}
+
+/// A cheap, consistent view of a tenant's unflushed rows for a search.
+#[derive(Clone, Default)]
+pub struct HeadSnapshot {
+    pub batches: Vec<Arc<Vec<SpanRecord>>>,
+}
+
+impl HeadSnapshot {
+    pub fn rows(&self) -> impl Iterator<Item = &SpanRecord> {
+        self.batches.iter().flat_map(|b| b.iter())
+    }
+}

@@ -1,0 +1,18 @@
+//! Weft's storage engine: the data model of spans, the RocksDB-backed columnar store with its
+//! write-ahead head, and the indexes (trace id, roaring-bitmap postings) that later layers push
+//! queries down to.
+//!
+//! It is not a query engine (that is `weft-query`) and knows nothing of OTLP (that is
+//! `weft-ingest`): it stores [`model::SpanRecord`]s and hands back spans, columns and bitmaps.
+
+pub mod block;
+pub mod codec;
+pub mod error;
+pub mod head;
+pub mod keys;
+pub mod model;
+pub mod schema;
+pub mod store;
+
+pub use error::{Result, StorageError};
+pub use store::{AppendOutcome, Store, StoreOptions, StoreStats};

@@ -1,0 +1,595 @@
+//! The store: RocksDB underneath, the write-ahead head on top, immutable blocks after flush.
+//!
+//! Column families: `head` holds write-ahead batches (synced before an append returns, so that
+//! acknowledged means durable; concurrent appends share one fsync through RocksDB's group
+//! commit), `meta` the block metas (all loaded at open), `default` the column chunks, trace
+//! summaries, postings and the trace-id index. A flush writes a block and deletes the head
+//! batches it came from in one atomic write batch, so every row lives in exactly one place.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, IteratorMode, Options,
+    SliceTransform, WriteBatch, WriteOptions,
+};
+use roaring::RoaringBitmap;
+
+use crate::block::format::{decode_postings, decode_traces, encode_traces};
+use crate::block::reader::{ChunkSource, Rows};
+use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
+use crate::codec::{decode_spans, encode_spans};
+use crate::error::{Result, StorageError};
+use crate::head::{Head, HeadSnapshot};
+use crate::keys::{self, BlockAddr};
+use crate::model::{SpanId, SpanRecord, TenantId, TraceId};
+
+const CF_HEAD: &str = "head";
+const CF_META: &str = "meta";
+const CF_DATA: &str = "default";
+
+/// Tuning of the store; every field has a server flag.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Flush a tenant's head once it holds this many rows (also the largest block).
+    pub flush_rows: usize,
+    /// Flush a head once its oldest row is this old.
+    pub flush_age: Duration,
+    /// Refuse appends (retryably) while this many rows wait for flush.
+    pub max_pending_rows: usize,
+    /// Width of a time window; blocks never straddle one.
+    pub window: Duration,
+    /// RocksDB block cache size.
+    pub cache_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            flush_rows: 131_072,
+            flush_age: Duration::from_secs(10),
+            max_pending_rows: 1_048_576,
+            window: Duration::from_secs(3600),
+            cache_bytes: 128 << 20,
+        }
+    }
+}
+
+/// Counters for the server's `/metrics`.
+#[derive(Default, Debug)]
+pub struct StoreStats {
+    pub rows_appended: AtomicU64,
+    pub rows_deduplicated: AtomicU64,
+    pub appends_refused: AtomicU64,
+    pub wal_writes: AtomicU64,
+    pub wal_nanos: AtomicU64,
+    pub flushes: AtomicU64,
+    pub flush_nanos: AtomicU64,
+    pub blocks_written: AtomicU64,
+    pub block_bytes_written: AtomicU64,
+    pub rows_flushed: AtomicU64,
+}
+
+#[derive(Default)]
+struct TenantState {
+    head: Head,
+    /// The head being turned into blocks: still readable until its blocks are visible.
+    frozen: Option<Arc<Head>>,
+    /// Span identities of the last flushed head, so a retry arriving just after a flush is
+    /// still stored once.
+    recent: HashSet<(TraceId, SpanId)>,
+    blocks: BTreeMap<BlockAddr, Arc<BlockMeta>>,
+}
+
+impl TenantState {
+    fn pending_rows(&self) -> usize {
+        self.head.rows + self.frozen.as_ref().map_or(0, |f| f.rows)
+    }
+    fn is_known(&self, key: &(TraceId, SpanId)) -> bool {
+        self.head.seen.contains(key)
+            || self.recent.contains(key)
+            || self.frozen.as_ref().is_some_and(|f| f.seen.contains(key))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    tenants: HashMap<TenantId, TenantState>,
+    next_seq: u64,
+    next_block: u64,
+}
+
+pub struct Store {
+    db: DB,
+    path: PathBuf,
+    opts: StoreOptions,
+    state: Mutex<State>,
+    flush_lock: Mutex<()>,
+    sync: WriteOptions,
+    closed: AtomicBool,
+    pub stats: StoreStats,
+}
+
+/// What an append did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub stored: usize,
+    pub duplicates: usize,
+}
+
+fn trace_prefix(key: &[u8]) -> &[u8] {
+    keys::trace_id_prefix_len(key).map_or(key, |n| &key[..n])
+}
+
+fn in_trace_domain(key: &[u8]) -> bool {
+    keys::trace_id_prefix_len(key).is_some()
+}
+
+impl Store {
+    pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        std::fs::create_dir_all(&path)?;
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_bytes_per_sync(1 << 20);
+        db_opts.enable_statistics();
+        let cache = Cache::new_lru_cache(opts.cache_bytes);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+        let mut data = Options::default();
+        data.set_block_based_table_factory(&table);
+        data.set_prefix_extractor(SliceTransform::create(
+            "weft.trace_id.v1",
+            trace_prefix,
+            Some(in_trace_domain),
+        ));
+        data.set_memtable_prefix_bloom_ratio(0.05);
+        let mut head = Options::default();
+        head.set_write_buffer_size(64 << 20);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_DATA, data),
+            ColumnFamilyDescriptor::new(CF_META, Options::default()),
+            ColumnFamilyDescriptor::new(CF_HEAD, head),
+        ];
+        let db = DB::open_cf_descriptors(&db_opts, &path, cfs)?;
+        let mut sync = WriteOptions::default();
+        sync.set_sync(true);
+        let store = Self {
+            db,
+            path,
+            opts,
+            state: Mutex::new(State::default()),
+            flush_lock: Mutex::new(()),
+            sync,
+            closed: AtomicBool::new(false),
+            stats: StoreStats::default(),
+        };
+        store.recover()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).expect("column family opened at start")
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Loads block metas and replays the write-ahead head.
+    fn recover(&self) -> Result<()> {
+        let mut state = self.lock();
+        for item in self.db.iterator_cf(self.cf(CF_META), IteratorMode::Start) {
+            let (key, value) = item?;
+            let (tenant, _, rest) = keys::split(&key)
+                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            let addr = keys::read_addr(rest)
+                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            let tenant = TenantId::new(tenant)?;
+            let meta = Arc::new(BlockMeta::decode(&value)?);
+            state.next_block = state.next_block.max(addr.block + 1);
+            state.tenants.entry(tenant).or_default().blocks.insert(addr, meta);
+        }
+        let now = Instant::now();
+        for item in self.db.iterator_cf(self.cf(CF_HEAD), IteratorMode::Start) {
+            let (key, value) = item?;
+            let (tenant, _, rest) = keys::split(&key)
+                .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
+            let seq = keys::read_u64(rest)
+                .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
+            let spans = decode_spans(&value)?;
+            let t = state.tenants.entry(TenantId::new(tenant)?).or_default();
+            t.head.seen.extend(spans.iter().map(|s| (s.trace_id, s.span_id)));
+            t.head.push(key.to_vec(), Arc::new(spans), now);
+            state.next_seq = state.next_seq.max(seq + 1);
+        }
+        let replayed: usize = state.tenants.values().map(|t| t.head.rows).sum();
+        let blocks: usize = state.tenants.values().map(|t| t.blocks.len()).sum();
+        tracing::info!(replayed_rows = replayed, blocks, "store recovered");
+        Ok(())
+    }
+
+    /// Makes spans durable and visible; returns once they are synced to the write-ahead log.
+    /// Spans already held (a client's retry) are skipped and counted as duplicates.
+    pub fn append(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<AppendOutcome> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StorageError::ShuttingDown);
+        }
+        let total = spans.len();
+        let stored = self.stored_span_ids(tenant, &spans)?;
+        let (seq, fresh) = {
+            let mut state = self.lock();
+            let t = state.tenants.entry(tenant.clone()).or_default();
+            let pending = t.pending_rows();
+            if pending + total > self.opts.max_pending_rows && pending > 0 {
+                self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(StorageError::Overloaded {
+                    pending_rows: pending,
+                    retry_after_ms: 1000,
+                });
+            }
+            let mut fresh = Vec::with_capacity(total);
+            for span in spans {
+                let id = (span.trace_id, span.span_id);
+                if !stored.contains(&id) && !t.is_known(&id) && t.head.seen.insert(id) {
+                    fresh.push(span);
+                }
+            }
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            (seq, fresh)
+        };
+        let outcome = AppendOutcome {
+            stored: fresh.len(),
+            duplicates: total - fresh.len(),
+        };
+        self.stats.rows_deduplicated.fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+        if fresh.is_empty() {
+            return Ok(outcome);
+        }
+        let key = keys::head(tenant, seq);
+        let started = Instant::now();
+        let written = self.db.put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync);
+        self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.wal_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut state = self.lock();
+        let t = state.tenants.entry(tenant.clone()).or_default();
+        if let Err(e) = written {
+            for s in &fresh {
+                t.head.seen.remove(&(s.trace_id, s.span_id));
+            }
+            return Err(e.into());
+        }
+        self.stats.rows_appended.fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        t.head.push(key, Arc::new(fresh), Instant::now());
+        Ok(outcome)
+    }
+
+    /// Identities of the given spans that blocks already hold (a retry of a batch that was
+    /// flushed since). The trace-id index's prefix bloom filter makes this nearly free for
+    /// traces never seen before; for known traces only the span-id pages of their rows are read.
+    fn stored_span_ids(&self, tenant: &TenantId, spans: &[SpanRecord]) -> Result<HashSet<(TraceId, SpanId)>> {
+        let traces: HashSet<TraceId> = spans.iter().map(|s| s.trace_id).collect();
+        let mut out = HashSet::new();
+        let blocks = {
+            let state = self.lock();
+            match state.tenants.get(tenant) {
+                Some(t) if !t.blocks.is_empty() => t.blocks.clone(),
+                _ => return Ok(out),
+            }
+        };
+        for trace in traces {
+            for (addr, entry) in self.trace_locations(tenant, &trace)? {
+                let Some(meta) = blocks.get(&addr) else { continue };
+                let reader = self.block_reader(tenant, addr, meta);
+                let ids = reader.span_ids(&Rows::Range(entry.row_start, entry.rows))?;
+                out.extend(ids.into_iter().map(|id| (trace, id)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether any tenant's head is due for a flush.
+    pub fn flush_due(&self) -> bool {
+        let state = self.lock();
+        state.tenants.values().any(|t| self.head_due(&t.head))
+    }
+
+    fn head_due(&self, head: &Head) -> bool {
+        head.rows >= self.opts.flush_rows
+            || head.since.is_some_and(|s| s.elapsed() >= self.opts.flush_age)
+    }
+
+    /// Turns due heads (all non-empty heads when `force`) into blocks.
+    pub fn flush(&self, force: bool) -> Result<usize> {
+        let _one_at_a_time = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let frozen: Vec<(TenantId, Arc<Head>)> = {
+            let mut state = self.lock();
+            state
+                .tenants
+                .iter_mut()
+                .filter(|(_, t)| !t.head.is_empty() && (force || self.head_due(&t.head)))
+                .map(|(tenant, t)| {
+                    let head = Arc::new(std::mem::take(&mut t.head));
+                    t.frozen = Some(head.clone());
+                    (tenant.clone(), head)
+                })
+                .collect()
+        };
+        let mut blocks = 0;
+        for (tenant, head) in frozen {
+            let result = self.flush_head(&tenant, &head);
+            let mut state = self.lock();
+            let t = state.tenants.entry(tenant.clone()).or_default();
+            match result {
+                Ok(written) => {
+                    blocks += written.len();
+                    t.blocks.extend(written);
+                    t.recent = head.seen.clone();
+                    t.frozen = None;
+                }
+                Err(e) => {
+                    // Put the rows back in front of the head; they are still in the write-ahead.
+                    let mut restored = Head::default();
+                    let now = Instant::now();
+                    for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
+                        restored.push(key.clone(), batch.clone(), now);
+                    }
+                    let newer = std::mem::take(&mut t.head);
+                    for (key, batch) in newer.wal_keys.into_iter().zip(newer.batches) {
+                        restored.push(key, batch, now);
+                    }
+                    restored.seen = head.seen.union(&newer.seen).copied().collect();
+                    t.head = restored;
+                    t.frozen = None;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(blocks)
+    }
+
+    fn flush_head(&self, tenant: &TenantId, head: &Head) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
+        let started = Instant::now();
+        let window_ns = self.opts.window.as_nanos().max(1) as u64;
+        let mut by_window: BTreeMap<u64, Vec<SpanRecord>> = BTreeMap::new();
+        for span in head.batches.iter().flat_map(|b| b.iter()) {
+            let window = span.start.0 / window_ns * window_ns;
+            by_window.entry(window).or_default().push(span.clone());
+        }
+        let mut batch = WriteBatch::default();
+        let mut written = Vec::new();
+        let mut rows = 0u64;
+        for (window, spans) in by_window {
+            for part in split_at_traces(spans, self.opts.flush_rows) {
+                let block = {
+                    let mut state = self.lock();
+                    state.next_block += 1;
+                    state.next_block - 1
+                };
+                let addr = BlockAddr { window, block };
+                rows += part.len() as u64;
+                let built = build_block(part)?;
+                self.stage_block(&mut batch, tenant, addr, &built)?;
+                self.stats.block_bytes_written.fetch_add(built.meta.total_bytes(), Ordering::Relaxed);
+                written.push((addr, Arc::new(built.meta)));
+            }
+        }
+        for key in &head.wal_keys {
+            batch.delete_cf(self.cf(CF_HEAD), key);
+        }
+        self.db.write_opt(batch, &self.sync)?;
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats.blocks_written.fetch_add(written.len() as u64, Ordering::Relaxed);
+        self.stats.rows_flushed.fetch_add(rows, Ordering::Relaxed);
+        self.stats.flush_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        tracing::debug!(tenant = %tenant, blocks = written.len(), rows, "head flushed");
+        Ok(written)
+    }
+
+    fn stage_block(
+        &self,
+        batch: &mut WriteBatch,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        built: &crate::block::BuiltBlock,
+    ) -> Result<()> {
+        let data = self.cf(CF_DATA);
+        for (column, bytes) in &built.chunks {
+            batch.put_cf(data, keys::chunk(tenant, addr, column), bytes);
+        }
+        for (dim, bytes) in &built.postings {
+            batch.put_cf(data, keys::postings(tenant, addr, dim), bytes);
+        }
+        batch.put_cf(data, keys::block_key(tenant, keys::TRACES, addr), encode_traces(&built.traces));
+        for entry in &built.traces {
+            let key = keys::trace_id(tenant, &entry.trace_id, addr);
+            batch.put_cf(data, key, encode_traces(std::slice::from_ref(entry)));
+        }
+        batch.put_cf(self.cf(CF_META), keys::block_key(tenant, keys::META, addr), built.meta.encode());
+        Ok(())
+    }
+
+    /// Every stored span of a trace (head and blocks), each once, ordered by start time.
+    pub fn trace(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<SpanRecord>> {
+        let (mut spans, blocks) = {
+            let state = self.lock();
+            let Some(t) = state.tenants.get(tenant) else { return Ok(Vec::new()) };
+            let mut spans = t.head.trace(trace);
+            if let Some(f) = &t.frozen {
+                spans.extend(f.trace(trace));
+            }
+            (spans, t.blocks.clone())
+        };
+        for (addr, entry) in self.trace_locations(tenant, trace)? {
+            let Some(meta) = blocks.get(&addr) else { continue };
+            let reader = self.block_reader(tenant, addr, meta);
+            spans.extend(reader.spans(&Rows::Range(entry.row_start, entry.rows), true)?);
+        }
+        let mut seen = HashSet::new();
+        spans.retain(|s| seen.insert(s.span_id));
+        spans.sort_by(|a, b| (a.start, a.span_id).cmp(&(b.start, b.span_id)));
+        Ok(spans)
+    }
+
+    /// Where a trace's rows are: one entry per block, from the trace-id index (a prefix bloom
+    /// filter answers "not here" without reading data).
+    pub fn trace_locations(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<(BlockAddr, TraceEntry)>> {
+        let prefix = keys::trace_id_prefix(tenant, trace);
+        let mut out = Vec::new();
+        for item in self.db.prefix_iterator_cf(self.cf(CF_DATA), &prefix) {
+            let (key, value) = item?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let addr = keys::read_addr(&key[prefix.len()..])
+                .ok_or_else(|| StorageError::corrupt("trace-id key", hex::encode(&key)))?;
+            let mut entries = decode_traces(&value)?;
+            let entry = entries.pop().ok_or_else(|| StorageError::corrupt("trace-id entry", "empty"))?;
+            out.push((addr, entry));
+        }
+        Ok(out)
+    }
+
+    /// The blocks of a tenant, oldest first.
+    pub fn blocks(&self, tenant: &TenantId) -> Vec<(BlockAddr, Arc<BlockMeta>)> {
+        let state = self.lock();
+        state
+            .tenants
+            .get(tenant)
+            .map(|t| t.blocks.iter().map(|(a, m)| (*a, m.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// The unflushed rows of a tenant (head and the head being flushed).
+    pub fn head_snapshot(&self, tenant: &TenantId) -> HeadSnapshot {
+        let state = self.lock();
+        let Some(t) = state.tenants.get(tenant) else { return HeadSnapshot::default() };
+        let mut batches = t.head.batches.clone();
+        if let Some(f) = &t.frozen {
+            batches.extend(f.batches.iter().cloned());
+        }
+        HeadSnapshot { batches }
+    }
+
+    /// Tenants that hold any data.
+    pub fn tenants(&self) -> Vec<TenantId> {
+        self.lock().tenants.keys().cloned().collect()
+    }
+
+    pub fn block_reader<'m>(&'m self, tenant: &TenantId, addr: BlockAddr, meta: &'m BlockMeta) -> BlockReader<'m, ChunkFetcher<'m>> {
+        BlockReader::new(meta, ChunkFetcher { store: self, tenant: tenant.clone(), addr })
+    }
+
+    /// The per-trace summaries of a block.
+    pub fn block_traces(&self, tenant: &TenantId, addr: BlockAddr) -> Result<Vec<TraceEntry>> {
+        let key = keys::block_key(tenant, keys::TRACES, addr);
+        match self.db.get_pinned_cf(self.cf(CF_DATA), key)? {
+            Some(v) => decode_traces(&v),
+            None => Err(StorageError::corrupt("block", "trace summaries missing")),
+        }
+    }
+
+    /// Rows of a block whose `dim` equals `term` (see [`crate::schema`] for the dimensions;
+    /// prefix a dedicated dimension with `trace:` for every row of the traces having it).
+    pub fn postings(&self, tenant: &TenantId, addr: BlockAddr, dim: &str, term: &str) -> Result<RoaringBitmap> {
+        Ok(self
+            .dimension(tenant, addr, dim)?
+            .into_iter()
+            .find(|(t, _)| t == term)
+            .map(|(_, rows)| rows)
+            .unwrap_or_default())
+    }
+
+    /// Every term of one dimension of a block with its rows.
+    pub fn dimension(&self, tenant: &TenantId, addr: BlockAddr, dim: &str) -> Result<Vec<(String, RoaringBitmap)>> {
+        match self.db.get_pinned_cf(self.cf(CF_DATA), keys::postings(tenant, addr, dim))? {
+            Some(v) => decode_postings(&v),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Compacts every column family (after a bulk load, before measuring size).
+    pub fn compact(&self) {
+        for cf in [CF_DATA, CF_META, CF_HEAD] {
+            self.db.compact_range_cf(self.cf(cf), None::<&[u8]>, None::<&[u8]>);
+        }
+    }
+
+    /// A RocksDB integer property summed over the column families.
+    pub fn rocksdb_property(&self, name: &str) -> u64 {
+        [CF_DATA, CF_META, CF_HEAD]
+            .iter()
+            .filter_map(|cf| self.db.property_int_value_cf(self.cf(cf), name).ok().flatten())
+            .sum()
+    }
+
+    pub fn pending_rows(&self) -> usize {
+        self.lock().tenants.values().map(TenantState::pending_rows).sum()
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.lock().tenants.values().map(|t| t.blocks.len()).sum()
+    }
+
+    /// Stops accepting appends and flushes everything held in memory.
+    pub fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        self.flush(true)?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+/// Splits sorted-by-nothing rows into parts of at most `max` rows, never splitting a trace
+/// unless a single trace alone exceeds `max`.
+fn split_at_traces(mut rows: Vec<SpanRecord>, max: usize) -> Vec<Vec<SpanRecord>> {
+    if rows.len() <= max {
+        return vec![rows];
+    }
+    rows.sort_by(|a, b| (a.trace_id, a.start).cmp(&(b.trace_id, b.start)));
+    let mut parts = Vec::new();
+    let mut current: Vec<SpanRecord> = Vec::new();
+    for span in rows {
+        let boundary = current.last().is_some_and(|l| l.trace_id != span.trace_id);
+        if current.len() >= max && (boundary || current.len() >= 2 * max) {
+            parts.push(std::mem::take(&mut current));
+        }
+        current.push(span);
+    }
+    parts.push(current);
+    parts
+}
+
+/// Reads column chunks of one block from RocksDB.
+pub struct ChunkFetcher<'a> {
+    store: &'a Store,
+    tenant: TenantId,
+    addr: BlockAddr,
+}
+
+impl ChunkSource for ChunkFetcher<'_> {
+    fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
+        let key = keys::chunk(&self.tenant, self.addr, column);
+        Ok(self.store.db.get_cf(self.store.cf(CF_DATA), key)?.map(Bytes::from))
+    }
+}
+
+#[cfg(test)]
+mod tests;

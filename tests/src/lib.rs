@@ -1,0 +1,110 @@
+//! End-to-end test support: start the real `weft` binary on free ports in a temporary data
+//! directory, and stop it gently (SIGTERM) or not (SIGKILL).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `weft` binary under test: `$WEFT_BIN`, or the one next to the test executable.
+pub fn weft_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("WEFT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("weft");
+    assert!(bin.exists(), "{} missing: run `cargo build -p weft-api` first or set WEFT_BIN", bin.display());
+    bin
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running `weft serve`.
+pub struct Weft {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub grpc: String,
+    pub otlp: String,
+    pub http: String,
+    extra: Vec<String>,
+}
+
+impl Weft {
+    pub fn start(dir: &Path, extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut w = Weft { child: None, dir: dir.to_owned(), grpc: String::new(), otlp: String::new(), http: String::new(), extra };
+        w.spawn();
+        w
+    }
+
+    fn spawn(&mut self) {
+        let (g, o, h) = (free_port(), free_port(), free_port());
+        self.grpc = format!("http://127.0.0.1:{g}");
+        self.otlp = format!("http://127.0.0.1:{o}");
+        self.http = format!("http://127.0.0.1:{h}");
+        let child = Command::new(weft_binary())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--otlp-grpc-listen", &format!("127.0.0.1:{g}"), "--otlp-http-listen", &format!("127.0.0.1:{o}"), "--http-listen", &format!("127.0.0.1:{h}")])
+            .args(&self.extra)
+            .env("WEFT_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start weft");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = self.http.trim_start_matches("http://").to_owned();
+        while Instant::now() < deadline {
+            if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let mut buf = String::new();
+                let _ = s.read_to_string(&mut buf);
+                if buf.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("weft did not become ready");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, no chance to flush.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else { return true };
+        Command::new("kill").arg("-TERM").arg(c.id().to_string()).status().unwrap();
+        c.wait().unwrap().success()
+    }
+
+    /// Starts again on the same data directory (new ports).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop it first");
+        self.spawn();
+    }
+}
+
+impl Drop for Weft {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -1,0 +1,7 @@
+//! End-to-end tests: the real `weft` binary, real OTLP clients, real HTTP reads.
+
+mod common;
+mod crash;
+mod hostile;
+mod ingest;
+mod search;
