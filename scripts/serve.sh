@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 if [ -z "${CARGO_TARGET_DIR:-}" ] && [ -d "$HOME/.cache/weft-target" ]; then
   export CARGO_TARGET_DIR="$HOME/.cache/weft-target"
 fi
-cargo build --release -p weft-api --bin weft
+cargo build --release --workspace --bins
 exec "${CARGO_TARGET_DIR:-target}/release/weft" serve "$@"

@@ -9,8 +9,9 @@ if [ -z "${CARGO_TARGET_DIR:-}" ] && [ -d "$HOME/.cache/weft-target" ]; then
 fi
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 
-# The end-to-end tests start the weft binary: build it, then all tests, once.
-cargo build -p weft-api --bin weft
+# The end-to-end tests start the weft binary: build it (with the same feature unification as
+# `cargo test --workspace`, so nothing is compiled twice), then all tests.
+cargo build --workspace --bins
 cargo test --workspace --no-fail-fast -- --test-threads "${WEFT_TEST_THREADS:-2}"
 
 WEFT_BIN="$target/debug/weft" .venv/bin/pytest -q tests/python

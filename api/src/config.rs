@@ -94,22 +94,38 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("{key}: {detail}")]
     Invalid { key: &'static str, detail: String },
 }
 
-fn addr(key: &'static str, value: Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
+fn addr(
+    key: &'static str,
+    value: Option<String>,
+    default: &str,
+) -> Result<SocketAddr, ConfigError> {
     let text = value.unwrap_or_else(|| default.to_owned());
     text.parse().map_err(|_| ConfigError::Invalid {
         key,
-        detail: format!("{text:?} is not host:port (an IP address and a port, e.g. 127.0.0.1:3200)"),
+        detail: format!(
+            "{text:?} is not host:port (an IP address and a port, e.g. 127.0.0.1:3200)"
+        ),
     })
 }
 
-fn duration(key: &'static str, value: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
+fn duration(
+    key: &'static str,
+    value: Option<String>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
     match value {
         None => Ok(default),
         Some(v) => parse_duration(&v).map_err(|detail| ConfigError::Invalid { key, detail }),
@@ -118,7 +134,10 @@ fn duration(key: &'static str, value: Option<String>, default: Duration) -> Resu
 
 fn positive(key: &'static str, value: usize) -> Result<usize, ConfigError> {
     if value == 0 {
-        return Err(ConfigError::Invalid { key, detail: "must be greater than 0".into() });
+        return Err(ConfigError::Invalid {
+            key,
+            detail: "must be greater than 0".into(),
+        });
     }
     Ok(value)
 }
@@ -132,31 +151,85 @@ impl Config {
         let limits_default = Limits::default();
         let store_default = StoreOptions::default();
         let limits = Limits {
-            max_body_bytes: positive("max_body_bytes", args.max_body_bytes.or(file.max_body_bytes).unwrap_or(limits_default.max_body_bytes))?,
+            max_body_bytes: positive(
+                "max_body_bytes",
+                args.max_body_bytes
+                    .or(file.max_body_bytes)
+                    .unwrap_or(limits_default.max_body_bytes),
+            )?,
             max_attribute_value_bytes: positive(
                 "max_attribute_value_bytes",
-                args.max_attribute_value_bytes.or(file.max_attribute_value_bytes).unwrap_or(limits_default.max_attribute_value_bytes),
+                args.max_attribute_value_bytes
+                    .or(file.max_attribute_value_bytes)
+                    .unwrap_or(limits_default.max_attribute_value_bytes),
             )?,
-            max_inflight_bytes: positive("max_inflight_bytes", args.max_inflight_bytes.or(file.max_inflight_bytes).unwrap_or(limits_default.max_inflight_bytes))?,
+            max_inflight_bytes: positive(
+                "max_inflight_bytes",
+                args.max_inflight_bytes
+                    .or(file.max_inflight_bytes)
+                    .unwrap_or(limits_default.max_inflight_bytes),
+            )?,
         };
         let store = StoreOptions {
-            flush_rows: positive("flush_rows", args.flush_rows.or(file.flush_rows).unwrap_or(store_default.flush_rows))?,
-            flush_age: duration("flush_age", args.flush_age.or(file.flush_age), store_default.flush_age)?,
-            max_pending_rows: positive("max_pending_rows", args.max_pending_rows.or(file.max_pending_rows).unwrap_or(store_default.max_pending_rows))?,
-            window: duration("block_window", args.block_window.or(file.block_window), store_default.window)?,
-            cache_bytes: args.cache_bytes.or(file.cache_bytes).unwrap_or(store_default.cache_bytes),
+            flush_rows: positive(
+                "flush_rows",
+                args.flush_rows
+                    .or(file.flush_rows)
+                    .unwrap_or(store_default.flush_rows),
+            )?,
+            flush_age: duration(
+                "flush_age",
+                args.flush_age.or(file.flush_age),
+                store_default.flush_age,
+            )?,
+            max_pending_rows: positive(
+                "max_pending_rows",
+                args.max_pending_rows
+                    .or(file.max_pending_rows)
+                    .unwrap_or(store_default.max_pending_rows),
+            )?,
+            window: duration(
+                "block_window",
+                args.block_window.or(file.block_window),
+                store_default.window,
+            )?,
+            cache_bytes: args
+                .cache_bytes
+                .or(file.cache_bytes)
+                .unwrap_or(store_default.cache_bytes),
         };
         if store.window < Duration::from_secs(60) {
-            return Err(ConfigError::Invalid { key: "block_window", detail: "must be at least 1m".into() });
+            return Err(ConfigError::Invalid {
+                key: "block_window",
+                detail: "must be at least 1m".into(),
+            });
         }
         if store.max_pending_rows < store.flush_rows {
-            return Err(ConfigError::Invalid { key: "max_pending_rows", detail: "must be at least flush_rows".into() });
+            return Err(ConfigError::Invalid {
+                key: "max_pending_rows",
+                detail: "must be at least flush_rows".into(),
+            });
         }
         Ok(Self {
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./weft-data")),
-            otlp_grpc_listen: addr("otlp_grpc_listen", args.otlp_grpc_listen.or(file.otlp_grpc_listen), "127.0.0.1:4317")?,
-            otlp_http_listen: addr("otlp_http_listen", args.otlp_http_listen.or(file.otlp_http_listen), "127.0.0.1:4318")?,
-            http_listen: addr("http_listen", args.http_listen.or(file.http_listen), "127.0.0.1:3200")?,
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./weft-data")),
+            otlp_grpc_listen: addr(
+                "otlp_grpc_listen",
+                args.otlp_grpc_listen.or(file.otlp_grpc_listen),
+                "127.0.0.1:4317",
+            )?,
+            otlp_http_listen: addr(
+                "otlp_http_listen",
+                args.otlp_http_listen.or(file.otlp_http_listen),
+                "127.0.0.1:4318",
+            )?,
+            http_listen: addr(
+                "http_listen",
+                args.http_listen.or(file.http_listen),
+                "127.0.0.1:3200",
+            )?,
             limits,
             store,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
@@ -164,8 +237,14 @@ impl Config {
     }
 
     fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        })
     }
 }
 
@@ -185,19 +264,35 @@ mod tests {
     #[test]
     fn the_shipped_example_config_loads_and_flags_win() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../weft.example.toml");
-        let args = ServeArgs { config: Some(path.clone()), http_listen: Some("127.0.0.1:9999".into()), ..Default::default() };
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            http_listen: Some("127.0.0.1:9999".into()),
+            ..Default::default()
+        };
         let c = Config::load(args).unwrap();
         assert_eq!(c.http_listen.port(), 9999);
-        let file_only = Config::load(ServeArgs { config: Some(path), ..Default::default() }).unwrap();
+        let file_only = Config::load(ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(file_only.http_listen.port(), 3200);
         assert_eq!(file_only.store.flush_age, Duration::from_secs(10));
     }
 
     #[test]
     fn bad_values_name_the_key() {
-        let e = Config::load(ServeArgs { http_listen: Some("localhost".into()), ..Default::default() }).unwrap_err();
+        let e = Config::load(ServeArgs {
+            http_listen: Some("localhost".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.to_string().starts_with("http_listen:"), "{e}");
-        let e = Config::load(ServeArgs { flush_age: Some("soon".into()), ..Default::default() }).unwrap_err();
+        let e = Config::load(ServeArgs {
+            flush_age: Some("soon".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.to_string().starts_with("flush_age:"), "{e}");
     }
 }

@@ -114,9 +114,14 @@ impl IntoResponse for ApiError {
         if class == Class::Internal {
             tracing::error!(error = %self, "request failed");
         }
-        let mut resp = (class.http_status(), Json(json!({ "error": self.to_string() }))).into_response();
+        let mut resp = (
+            class.http_status(),
+            Json(json!({ "error": self.to_string() })),
+        )
+            .into_response();
         if let Some(secs) = class.retry_after_secs() {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use weft_ingest::{Ingester, RejectReason};
 use weft_storage::Store;
 
-const BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
 
 /// A latency histogram with fixed buckets.
 #[derive(Debug, Default)]
@@ -25,7 +27,8 @@ impl Histogram {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
     }
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
@@ -36,7 +39,11 @@ impl Histogram {
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}",
+            self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
         let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
     }
 }
@@ -50,46 +57,154 @@ pub struct RequestMetrics {
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+    );
 }
 
 pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> String {
     let mut out = String::with_capacity(8192);
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let i = &ingester.stats;
-    counter(&mut out, "weft_spans_accepted_total", "Spans stored.", load(&i.spans_accepted));
-    counter(&mut out, "weft_spans_duplicate_total", "Spans skipped because they were already stored (client retries).", load(&i.spans_duplicate));
+    counter(
+        &mut out,
+        "weft_spans_accepted_total",
+        "Spans stored.",
+        load(&i.spans_accepted),
+    );
+    counter(
+        &mut out,
+        "weft_spans_duplicate_total",
+        "Spans skipped because they were already stored (client retries).",
+        load(&i.spans_duplicate),
+    );
     out.push_str("# HELP weft_spans_rejected_total Spans refused, by reason (whole-request refusals count one per request).\n# TYPE weft_spans_rejected_total counter\n");
     for (reason, n) in RejectReason::ALL.iter().zip(&i.rejected) {
-        let _ = writeln!(out, "weft_spans_rejected_total{{reason=\"{}\"}} {}", reason.as_str(), load(n));
+        let _ = writeln!(
+            out,
+            "weft_spans_rejected_total{{reason=\"{}\"}} {}",
+            reason.as_str(),
+            load(n)
+        );
     }
     out.push_str("# HELP weft_request_duration_seconds Request latency by surface.\n# TYPE weft_request_duration_seconds histogram\n");
-    for (surface, h) in [("otlp_http", &requests.otlp_http), ("otlp_grpc", &requests.otlp_grpc), ("api", &requests.api)] {
-        h.render(&mut out, "weft_request_duration_seconds", &format!("surface=\"{surface}\""));
+    for (surface, h) in [
+        ("otlp_http", &requests.otlp_http),
+        ("otlp_grpc", &requests.otlp_grpc),
+        ("api", &requests.api),
+    ] {
+        h.render(
+            &mut out,
+            "weft_request_duration_seconds",
+            &format!("surface=\"{surface}\""),
+        );
     }
     let s = &store.stats;
-    counter(&mut out, "weft_wal_writes_total", "Synced write-ahead writes.", load(&s.wal_writes));
-    counter(&mut out, "weft_wal_write_seconds_total", "Time spent in synced write-ahead writes.", load(&s.wal_nanos) / 1_000_000_000);
-    gauge(&mut out, "weft_wal_write_seconds_sum", "Time spent in synced write-ahead writes, fractional.", load(&s.wal_nanos) as f64 / 1e9);
-    counter(&mut out, "weft_flushes_total", "Head flushes into blocks.", load(&s.flushes));
-    gauge(&mut out, "weft_flush_seconds_sum", "Time spent flushing.", load(&s.flush_nanos) as f64 / 1e9);
-    counter(&mut out, "weft_rows_flushed_total", "Rows written into blocks.", load(&s.rows_flushed));
-    counter(&mut out, "weft_blocks_written_total", "Blocks written.", load(&s.blocks_written));
-    counter(&mut out, "weft_block_bytes_written_total", "Encoded column-chunk bytes written.", load(&s.block_bytes_written));
-    counter(&mut out, "weft_appends_refused_total", "Appends refused because too many rows waited for flush.", load(&s.appends_refused));
-    gauge(&mut out, "weft_blocks", "Blocks in the store.", store.block_count() as f64);
-    gauge(&mut out, "weft_head_rows", "Rows acknowledged but not yet in a block.", store.pending_rows() as f64);
+    counter(
+        &mut out,
+        "weft_wal_writes_total",
+        "Synced write-ahead writes.",
+        load(&s.wal_writes),
+    );
+    counter(
+        &mut out,
+        "weft_wal_write_seconds_total",
+        "Time spent in synced write-ahead writes.",
+        load(&s.wal_nanos) / 1_000_000_000,
+    );
+    gauge(
+        &mut out,
+        "weft_wal_write_seconds_sum",
+        "Time spent in synced write-ahead writes, fractional.",
+        load(&s.wal_nanos) as f64 / 1e9,
+    );
+    counter(
+        &mut out,
+        "weft_flushes_total",
+        "Head flushes into blocks.",
+        load(&s.flushes),
+    );
+    gauge(
+        &mut out,
+        "weft_flush_seconds_sum",
+        "Time spent flushing.",
+        load(&s.flush_nanos) as f64 / 1e9,
+    );
+    counter(
+        &mut out,
+        "weft_rows_flushed_total",
+        "Rows written into blocks.",
+        load(&s.rows_flushed),
+    );
+    counter(
+        &mut out,
+        "weft_blocks_written_total",
+        "Blocks written.",
+        load(&s.blocks_written),
+    );
+    counter(
+        &mut out,
+        "weft_block_bytes_written_total",
+        "Encoded column-chunk bytes written.",
+        load(&s.block_bytes_written),
+    );
+    counter(
+        &mut out,
+        "weft_appends_refused_total",
+        "Appends refused because too many rows waited for flush.",
+        load(&s.appends_refused),
+    );
+    gauge(
+        &mut out,
+        "weft_blocks",
+        "Blocks in the store.",
+        store.block_count() as f64,
+    );
+    gauge(
+        &mut out,
+        "weft_head_rows",
+        "Rows acknowledged but not yet in a block.",
+        store.pending_rows() as f64,
+    );
     for (name, prop, help) in [
-        ("weft_rocksdb_live_sst_bytes", "rocksdb.live-sst-files-size", "Bytes of live SST files."),
-        ("weft_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables", "Bytes in memtables."),
-        ("weft_rocksdb_estimated_keys", "rocksdb.estimate-num-keys", "Estimated number of keys."),
-        ("weft_rocksdb_block_cache_bytes", "rocksdb.block-cache-usage", "Bytes in the block cache."),
-        ("weft_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes", "Bytes compaction still has to rewrite."),
-        ("weft_rocksdb_running_compactions", "rocksdb.num-running-compactions", "Compactions running."),
+        (
+            "weft_rocksdb_live_sst_bytes",
+            "rocksdb.live-sst-files-size",
+            "Bytes of live SST files.",
+        ),
+        (
+            "weft_rocksdb_memtable_bytes",
+            "rocksdb.cur-size-all-mem-tables",
+            "Bytes in memtables.",
+        ),
+        (
+            "weft_rocksdb_estimated_keys",
+            "rocksdb.estimate-num-keys",
+            "Estimated number of keys.",
+        ),
+        (
+            "weft_rocksdb_block_cache_bytes",
+            "rocksdb.block-cache-usage",
+            "Bytes in the block cache.",
+        ),
+        (
+            "weft_rocksdb_pending_compaction_bytes",
+            "rocksdb.estimate-pending-compaction-bytes",
+            "Bytes compaction still has to rewrite.",
+        ),
+        (
+            "weft_rocksdb_running_compactions",
+            "rocksdb.num-running-compactions",
+            "Compactions running.",
+        ),
     ] {
         gauge(&mut out, name, help, store.rocksdb_property(prop) as f64);
     }

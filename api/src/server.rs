@@ -26,9 +26,16 @@ use crate::{otlp, traces};
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot open the store in {path}: {source}")]
-    Store { path: String, source: weft_storage::StorageError },
+    Store {
+        path: String,
+        source: weft_storage::StorageError,
+    },
     #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
     #[error("{what} server failed: {detail}")]
     Server { what: &'static str, detail: String },
     #[error("final flush failed: {0}")]
@@ -51,7 +58,9 @@ async fn metrics_handler(State(state): State<SharedState>) -> impl IntoResponse 
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, what, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, what, source })
 }
 
 /// Flushes heads that are due, until told to stop.
@@ -80,7 +89,8 @@ async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -97,10 +107,17 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let store = tokio::task::spawn_blocking(move || Store::open(&path, opts))
         .await
         .expect("open task")
-        .map_err(|source| ServeError::Store { path: config.data_dir.display().to_string(), source })?;
+        .map_err(|source| ServeError::Store {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
     let store = Arc::new(store);
     let ingester = Arc::new(Ingester::new(store.clone(), config.limits));
-    let state: SharedState = Arc::new(AppState { store: store.clone(), ingester, requests: RequestMetrics::default() });
+    let state: SharedState = Arc::new(AppState {
+        store: store.clone(),
+        ingester,
+        requests: RequestMetrics::default(),
+    });
 
     let grpc_listener = bind(config.otlp_grpc_listen, "OTLP/gRPC").await?;
     let http_listener = bind(config.otlp_http_listen, "OTLP/HTTP").await?;
@@ -112,9 +129,14 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
 
     let grpc = tonic::transport::Server::builder()
         .add_service(otlp::grpc::service(state.clone()))
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener), shutdown_signal(stop_rx.clone()));
-    let otlp_http = axum::serve(http_listener, otlp::http::router(state.clone())).with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
-    let api = axum::serve(api_listener, api_router(state.clone())).with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            shutdown_signal(stop_rx.clone()),
+        );
+    let otlp_http = axum::serve(http_listener, otlp::http::router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let api = axum::serve(api_listener, api_router(state.clone()))
+        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
 
     tracing::info!(
         data_dir = %config.data_dir.display(),
@@ -130,15 +152,33 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         let _ = stop_tx.send(true);
     });
     let (g, h, a) = tokio::join!(
-        async { grpc.await.map_err(|e| ServeError::Server { what: "OTLP/gRPC", detail: e.to_string() }) },
-        async { otlp_http.await.map_err(|e| ServeError::Server { what: "OTLP/HTTP", detail: e.to_string() }) },
-        async { api.await.map_err(|e| ServeError::Server { what: "query API", detail: e.to_string() }) },
+        async {
+            grpc.await.map_err(|e| ServeError::Server {
+                what: "OTLP/gRPC",
+                detail: e.to_string(),
+            })
+        },
+        async {
+            otlp_http.await.map_err(|e| ServeError::Server {
+                what: "OTLP/HTTP",
+                detail: e.to_string(),
+            })
+        },
+        async {
+            api.await.map_err(|e| ServeError::Server {
+                what: "query API",
+                detail: e.to_string(),
+            })
+        },
     );
     stop_flusher.store(true, Ordering::Release);
     flusher.thread().unpark();
     let _ = flusher.join();
     let closing = store.clone();
-    tokio::task::spawn_blocking(move || closing.close()).await.expect("close task").map_err(ServeError::Close)?;
+    tokio::task::spawn_blocking(move || closing.close())
+        .await
+        .expect("close task")
+        .map_err(ServeError::Close)?;
     tracing::info!("store flushed and closed");
     g.and(h).and(a)
 }

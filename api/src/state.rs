@@ -32,7 +32,10 @@ pub fn tenant_from(value: Option<&str>) -> Result<TenantId, String> {
 pub fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
     let value = headers
         .get(TENANT_HEADER)
-        .map(|v| v.to_str().map_err(|_| ApiError::BadRequest("X-Scope-OrgID is not ASCII".into())))
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::BadRequest("X-Scope-OrgID is not ASCII".into()))
+        })
         .transpose()?;
     tenant_from(value).map_err(ApiError::BadRequest)
 }

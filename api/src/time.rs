@@ -13,7 +13,9 @@ pub fn now() -> u64 {
 /// Parses `250ms`, `2s`, `1.5s`, `3m`, `1h`, `10us`, `500ns` (a bare number is nanoseconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let value: f64 = number
         .parse()
@@ -26,7 +28,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => 60e9,
         "h" => 3600e9,
         "d" => 86400e9,
-        u => return Err(format!("{text:?} has unknown unit {u:?}: use ns, us, ms, s, m, h or d")),
+        u => {
+            return Err(format!(
+                "{text:?} has unknown unit {u:?}: use ns, us, ms, s, m, h or d"
+            ));
+        }
     };
     Ok(Duration::from_nanos((value * nanos_per).round() as u64))
 }
@@ -36,7 +42,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn parse_time(text: &str) -> Result<u64, String> {
     let t = text.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        return t.parse().map_err(|_| format!("{text:?} is too large for Unix nanoseconds"));
+        return t
+            .parse()
+            .map_err(|_| format!("{text:?} is too large for Unix nanoseconds"));
     }
     parse_rfc3339(t).ok_or_else(|| format!("{text:?} is neither RFC 3339 nor Unix nanoseconds"))
 }
@@ -44,12 +52,23 @@ pub fn parse_time(text: &str) -> Result<u64, String> {
 fn parse_rfc3339(t: &str) -> Option<u64> {
     let b = t.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<i64> { t.get(r)?.parse().ok() };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     let mut i = 19;
@@ -70,7 +89,8 @@ fn parse_rfc3339(t: &str) -> Option<u64> {
         }
         _ => return None,
     };
-    let secs = days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset;
+    let secs =
+        days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset;
     u64::try_from(secs * 1_000_000_000 + nanos).ok()
 }
 
@@ -128,11 +148,20 @@ mod tests {
     fn rfc3339_round_trips_and_offsets_apply() {
         let t = parse_time("2026-11-30T02:40:00.123456789Z").unwrap();
         assert_eq!(format_rfc3339(t), "2026-11-30T02:40:00.123456789Z");
-        assert_eq!(parse_time("2026-11-30T04:40:00.123456789+02:00").unwrap(), t);
+        assert_eq!(
+            parse_time("2026-11-30T04:40:00.123456789+02:00").unwrap(),
+            t
+        );
         assert_eq!(parse_time("1970-01-01T00:00:01Z").unwrap(), 1_000_000_000);
-        assert_eq!(parse_time("1764470400000000000").unwrap(), 1_764_470_400_000_000_000);
+        assert_eq!(
+            parse_time("1764470400000000000").unwrap(),
+            1_764_470_400_000_000_000
+        );
         assert!(parse_time("2026-13-01T00:00:00Z").is_err());
         assert!(parse_time("yesterday").is_err());
-        assert_eq!(format_rfc3339(951_782_400_000_000_000), "2000-02-29T00:00:00.000000000Z");
+        assert_eq!(
+            format_rfc3339(951_782_400_000_000_000),
+            "2000-02-29T00:00:00.000000000Z"
+        );
     }
 }

@@ -40,28 +40,53 @@ impl Client {
     pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        Self { inner: HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(64).build(connector) }
+        Self {
+            inner: HyperClient::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(64)
+                .build(connector),
+        }
     }
 
-    pub async fn request(&self, method: Method, url: &str, headers: &[(&str, &str)], body: Bytes) -> anyhow::Result<Reply> {
+    pub async fn request(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> anyhow::Result<Reply> {
         let mut builder = Request::builder().method(method).uri(url);
         for (k, v) in headers {
             builder = builder.header(*k, *v);
         }
         let resp = self.inner.request(builder.body(Full::new(body))?).await?;
-        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
         let content_type = header("content-type").unwrap_or_default();
         let retry_after = header("retry-after");
         let status = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
-        Ok(Reply { status, content_type, retry_after, body })
+        Ok(Reply {
+            status,
+            content_type,
+            retry_after,
+            body,
+        })
     }
 
     pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> anyhow::Result<Reply> {
         self.request(Method::GET, url, headers, Bytes::new()).await
     }
 
-    pub async fn post(&self, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+    pub async fn post(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
         self.request(Method::POST, url, headers, body.into()).await
     }
 }

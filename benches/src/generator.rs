@@ -1,9 +1,13 @@
 //! The generator. Every random choice comes from one seeded RNG, so a seed names a data set.
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value,
+};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span::SpanKind, status::StatusCode};
+use opentelemetry_proto::tonic::trace::v1::{
+    ResourceSpans, ScopeSpans, Span, Status, span::SpanKind, status::StatusCode,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
@@ -41,7 +45,14 @@ impl Default for GenConfig {
     }
 }
 
-pub const SERVICES: [&str; 6] = ["llm-gateway", "tokenizer", "rag-retriever", "vector-db", "inference-engine", "postprocessor"];
+pub const SERVICES: [&str; 6] = [
+    "llm-gateway",
+    "tokenizer",
+    "rag-retriever",
+    "vector-db",
+    "inference-engine",
+    "postprocessor",
+];
 pub const MODELS: [(&str, &str, f64); 3] = [
     // (model, version, base inter-token latency ms)
     ("llama-3.1-8b", "llama-3.1-8b-2025-10", 18.0),
@@ -85,7 +96,11 @@ pub struct Generator {
 }
 
 fn kv(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue { key: key.into(), value: Some(AnyValue { value: Some(value) }), ..Default::default() }
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    }
 }
 fn s(key: &str, v: impl Into<String>) -> KeyValue {
     kv(key, any_value::Value::StringValue(v.into()))
@@ -154,14 +169,32 @@ impl Generator {
         let batch = BATCH_SIZES[self.rng.random_range(0..BATCH_SIZES.len())];
         let tenant = TENANTS[self.rng.random_range(0..TENANTS.len())];
         let input_tokens = self.rng.random_range(40..3000i64);
-        let output_tokens = i64::from(self.rng.random_range(self.cfg.min_tokens..=self.cfg.max_tokens));
+        let output_tokens = i64::from(
+            self.rng
+                .random_range(self.cfg.min_tokens..=self.cfg.max_tokens),
+        );
         let failed = self.rng.random_bool(self.cfg.error_rate);
         let old_names = req_no % 2 == 1; // half the fleet runs an older instrumentation
 
-        let slow_decode = self.cfg.anomalies && version == anomaly::SLOW_VERSION && adapter == anomaly::SLOW_ADAPTER && self.in_quarter(1, self.now);
-        let slow_ttft = self.cfg.anomalies && worker == anomaly::SLOW_WORKER && self.in_quarter(2, self.now);
-        let itl_ms = base_itl * (1.0 + batch as f64 / 32.0) * if slow_decode { anomaly::SLOW_FACTOR } else { 1.0 };
-        let queue_ns = self.ms(1.0, 25.0) * if slow_ttft { anomaly::TTFT_FACTOR as u64 } else { 1 };
+        let slow_decode = self.cfg.anomalies
+            && version == anomaly::SLOW_VERSION
+            && adapter == anomaly::SLOW_ADAPTER
+            && self.in_quarter(1, self.now);
+        let slow_ttft =
+            self.cfg.anomalies && worker == anomaly::SLOW_WORKER && self.in_quarter(2, self.now);
+        let itl_ms = base_itl
+            * (1.0 + batch as f64 / 32.0)
+            * if slow_decode {
+                anomaly::SLOW_FACTOR
+            } else {
+                1.0
+            };
+        let queue_ns = self.ms(1.0, 25.0)
+            * if slow_ttft {
+                anomaly::TTFT_FACTOR as u64
+            } else {
+                1
+            };
 
         let mut spans: Vec<(usize, Span)> = Vec::with_capacity(output_tokens as usize + 8);
         let root_id: [u8; 8] = self.id();
@@ -169,7 +202,15 @@ impl Generator {
 
         // tokenizer
         let tok_dur = self.ms(1.0, 6.0);
-        let tok = self.span(trace_id, root_id, "tokenize", SpanKind::Server, t, t + tok_dur, vec![i("gen_ai.usage.input_tokens", input_tokens)]);
+        let tok = self.span(
+            trace_id,
+            root_id,
+            "tokenize",
+            SpanKind::Server,
+            t,
+            t + tok_dur,
+            vec![i("gen_ai.usage.input_tokens", input_tokens)],
+        );
         spans.push((1, tok));
         t += tok_dur + self.ms(0.1, 0.5);
 
@@ -178,24 +219,45 @@ impl Generator {
         let vs_dur = self.ms(4.0, 40.0);
         let ret_dur = vs_dur + self.ms(2.0, 10.0);
         let documents = self.rng.random_range(3..12);
-        let ret = make_span(trace_id, ret_id, root_id, "retrieval docs-index", SpanKind::Client, t, t + ret_dur, vec![
-            s("gen_ai.operation.name", "retrieval"),
-            s("gen_ai.data_source.id", "docs-index"),
-            i("retrieval.documents", documents),
-        ]);
+        let ret = make_span(
+            trace_id,
+            ret_id,
+            root_id,
+            "retrieval docs-index",
+            SpanKind::Client,
+            t,
+            t + ret_dur,
+            vec![
+                s("gen_ai.operation.name", "retrieval"),
+                s("gen_ai.data_source.id", "docs-index"),
+                i("retrieval.documents", documents),
+            ],
+        );
         spans.push((2, ret));
         let (vs_start, vs_end) = (t + self.ms(0.5, 1.5), t + ret_dur - self.ms(0.2, 1.0));
-        let vs = self.span(trace_id, ret_id, "vector.search", SpanKind::Server, vs_start, vs_end, vec![
-            s("db.system.name", "qdrant"),
-            s("db.collection.name", "docs"),
-            i("db.vector.top_k", 8),
-        ]);
+        let vs = self.span(
+            trace_id,
+            ret_id,
+            "vector.search",
+            SpanKind::Server,
+            vs_start,
+            vs_end,
+            vec![
+                s("db.system.name", "qdrant"),
+                s("db.collection.name", "docs"),
+                i("db.vector.top_k", 8),
+            ],
+        );
         spans.push((3, vs));
         t += ret_dur + self.ms(0.1, 0.5);
 
         // generation
         let prefill_ns = (input_tokens as f64 * self.rng.random_range(0.05..0.12) * 1e6) as u64;
-        let tokens_done = if failed { output_tokens / 3 } else { output_tokens };
+        let tokens_done = if failed {
+            output_tokens / 3
+        } else {
+            output_tokens
+        };
         let mut token_times = Vec::with_capacity(tokens_done as usize);
         let mut tt = t + queue_ns + prefill_ns;
         for _ in 0..tokens_done {
@@ -206,7 +268,13 @@ impl Generator {
         let gen_end = tt + self.ms(0.2, 1.0);
         let chat_id: [u8; 8] = self.id();
         let gen_id: [u8; 8] = self.id();
-        let finish = if failed { "error" } else if output_tokens == i64::from(self.cfg.max_tokens) { "length" } else { "stop" };
+        let finish = if failed {
+            "error"
+        } else if output_tokens == i64::from(self.cfg.max_tokens) {
+            "length"
+        } else {
+            "stop"
+        };
         let usage = |n: &str| -> String {
             match (old_names, n) {
                 (true, "in") => "gen_ai.usage.prompt_tokens",
@@ -216,55 +284,113 @@ impl Generator {
             }
             .into()
         };
-        let provider_key = if old_names { "gen_ai.system" } else { "gen_ai.provider.name" };
+        let provider_key = if old_names {
+            "gen_ai.system"
+        } else {
+            "gen_ai.provider.name"
+        };
         let chat_end = gen_end + self.ms(0.1, 0.4);
         let conversation = format!("conv-{:06}", self.rng.random_range(0..50_000));
-        let mut chat = make_span(trace_id, chat_id, root_id, &format!("chat {model}"), SpanKind::Client, t, chat_end, vec![
-            s("gen_ai.operation.name", "chat"),
-            s(provider_key, "vllm"),
-            s("gen_ai.request.model", model),
-            s("gen_ai.response.model", model),
-            i(&usage("in"), input_tokens),
-            i(&usage("out"), tokens_done),
-            kv("gen_ai.response.finish_reasons", any_value::Value::ArrayValue(ArrayValue { values: vec![AnyValue { value: Some(any_value::Value::StringValue(finish.into())) }] })),
-            s("gen_ai.conversation.id", conversation),
-            f("gen_ai.request.temperature", 0.7),
-            i("gen_ai.request.max_tokens", i64::from(self.cfg.max_tokens)),
-        ]);
-        let ttft_s = (queue_ns + prefill_ns + token_times.first().map_or(0, |(a, b)| b - a)) as f64 / 1e9;
+        let mut chat = make_span(
+            trace_id,
+            chat_id,
+            root_id,
+            &format!("chat {model}"),
+            SpanKind::Client,
+            t,
+            chat_end,
+            vec![
+                s("gen_ai.operation.name", "chat"),
+                s(provider_key, "vllm"),
+                s("gen_ai.request.model", model),
+                s("gen_ai.response.model", model),
+                i(&usage("in"), input_tokens),
+                i(&usage("out"), tokens_done),
+                kv(
+                    "gen_ai.response.finish_reasons",
+                    any_value::Value::ArrayValue(ArrayValue {
+                        values: vec![AnyValue {
+                            value: Some(any_value::Value::StringValue(finish.into())),
+                        }],
+                    }),
+                ),
+                s("gen_ai.conversation.id", conversation),
+                f("gen_ai.request.temperature", 0.7),
+                i("gen_ai.request.max_tokens", i64::from(self.cfg.max_tokens)),
+            ],
+        );
+        let ttft_s =
+            (queue_ns + prefill_ns + token_times.first().map_or(0, |(a, b)| b - a)) as f64 / 1e9;
         let gen_start = t + self.ms(0.05, 0.2);
-        let mut generate = make_span(trace_id, gen_id, chat_id, "llm.generate", SpanKind::Server, gen_start, gen_end, vec![
-            s("gen_ai.operation.name", "chat"),
-            s("gen_ai.request.model", model),
-            s("llm.model_version", version),
-            s("llm.lora_adapter", adapter),
-            s("llm.kv_cache_strategy", kv_strategy),
-            i("llm.batch_size", batch),
-            s("worker.id", worker.clone()),
-            s("gpu.id", gpu),
-            s("tenant.id", tenant),
-            i(&usage("in"), input_tokens),
-            i(&usage("out"), tokens_done),
-            f("gen_ai.latency.time_in_queue", queue_ns as f64 / 1e9),
-            f("gen_ai.latency.time_to_first_token", ttft_s),
-            f("gen_ai.latency.time_in_model_prefill", prefill_ns as f64 / 1e9),
-            f("gen_ai.latency.time_in_model_decode", (gen_end - t - queue_ns - prefill_ns) as f64 / 1e9),
-            f("gen_ai.latency.e2e", (gen_end - t) as f64 / 1e9),
-        ]);
+        let mut generate = make_span(
+            trace_id,
+            gen_id,
+            chat_id,
+            "llm.generate",
+            SpanKind::Server,
+            gen_start,
+            gen_end,
+            vec![
+                s("gen_ai.operation.name", "chat"),
+                s("gen_ai.request.model", model),
+                s("llm.model_version", version),
+                s("llm.lora_adapter", adapter),
+                s("llm.kv_cache_strategy", kv_strategy),
+                i("llm.batch_size", batch),
+                s("worker.id", worker.clone()),
+                s("gpu.id", gpu),
+                s("tenant.id", tenant),
+                i(&usage("in"), input_tokens),
+                i(&usage("out"), tokens_done),
+                f("gen_ai.latency.time_in_queue", queue_ns as f64 / 1e9),
+                f("gen_ai.latency.time_to_first_token", ttft_s),
+                f(
+                    "gen_ai.latency.time_in_model_prefill",
+                    prefill_ns as f64 / 1e9,
+                ),
+                f(
+                    "gen_ai.latency.time_in_model_decode",
+                    (gen_end - t - queue_ns - prefill_ns) as f64 / 1e9,
+                ),
+                f("gen_ai.latency.e2e", (gen_end - t) as f64 / 1e9),
+            ],
+        );
         if failed {
             let message = "CUDA out of memory while allocating KV cache blocks";
-            generate.status = Some(Status { code: StatusCode::Error as i32, message: message.into() });
-            chat.status = Some(Status { code: StatusCode::Error as i32, message: "upstream inference failed".into() });
+            generate.status = Some(Status {
+                code: StatusCode::Error as i32,
+                message: message.into(),
+            });
+            chat.status = Some(Status {
+                code: StatusCode::Error as i32,
+                message: "upstream inference failed".into(),
+            });
         }
-        let prefill = self.span(trace_id, gen_id, "llm.prefill", SpanKind::Internal, t + queue_ns, t + queue_ns + prefill_ns, vec![i("gen_ai.usage.input_tokens", input_tokens)]);
+        let prefill = self.span(
+            trace_id,
+            gen_id,
+            "llm.prefill",
+            SpanKind::Internal,
+            t + queue_ns,
+            t + queue_ns + prefill_ns,
+            vec![i("gen_ai.usage.input_tokens", input_tokens)],
+        );
         spans.push((0, chat));
         spans.push((4, generate));
         spans.push((4, prefill));
         for (n, (a, b)) in token_times.into_iter().enumerate() {
-            let tok = self.span(trace_id, gen_id, "llm.decode.token", SpanKind::Internal, a, b, vec![
-                i("llm.token.index", n as i64),
-                f("llm.token.latency_ms", (b - a) as f64 / 1e6),
-            ]);
+            let tok = self.span(
+                trace_id,
+                gen_id,
+                "llm.decode.token",
+                SpanKind::Internal,
+                a,
+                b,
+                vec![
+                    i("llm.token.index", n as i64),
+                    f("llm.token.latency_ms", (b - a) as f64 / 1e6),
+                ],
+            );
             spans.push((4, tok));
         }
         t = gen_end + self.ms(0.3, 1.0);
@@ -272,47 +398,92 @@ impl Generator {
         // postprocess
         let pp_dur = self.ms(0.5, 4.0);
         if !failed {
-            let pp = self.span(trace_id, root_id, "postprocess", SpanKind::Internal, t, t + pp_dur, vec![s("postprocess.filters", "pii,toxicity")]);
+            let pp = self.span(
+                trace_id,
+                root_id,
+                "postprocess",
+                SpanKind::Internal,
+                t,
+                t + pp_dur,
+                vec![s("postprocess.filters", "pii,toxicity")],
+            );
             spans.push((5, pp));
         }
         let end = t + pp_dur + self.ms(0.2, 1.0);
-        let mut root = make_span(trace_id, root_id, [0; 8], "POST /v1/chat/completions", SpanKind::Server, t0, end, vec![
-            s("http.request.method", "POST"),
-            s("http.route", "/v1/chat/completions"),
-            i("http.response.status_code", if failed { 500 } else { 200 }),
-            s("tenant.id", tenant),
-            s("gen_ai.request.model", model),
-        ]);
+        let mut root = make_span(
+            trace_id,
+            root_id,
+            [0; 8],
+            "POST /v1/chat/completions",
+            SpanKind::Server,
+            t0,
+            end,
+            vec![
+                s("http.request.method", "POST"),
+                s("http.route", "/v1/chat/completions"),
+                i("http.response.status_code", if failed { 500 } else { 200 }),
+                s("tenant.id", tenant),
+                s("gen_ai.request.model", model),
+            ],
+        );
         if failed {
-            root.status = Some(Status { code: StatusCode::Error as i32, message: "HTTP 500".into() });
+            root.status = Some(Status {
+                code: StatusCode::Error as i32,
+                message: "HTTP 500".into(),
+            });
         }
         spans.insert(0, (0, root));
         self.emitted += spans.len();
-        Some(Request { trace_id, start_ns: t0, spans })
+        Some(Request {
+            trace_id,
+            start_ns: t0,
+            spans,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn span(&mut self, trace: [u8; 16], parent: [u8; 8], name: &str, kind: SpanKind, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
+    fn span(
+        &mut self,
+        trace: [u8; 16],
+        parent: [u8; 8],
+        name: &str,
+        kind: SpanKind,
+        start: u64,
+        end: u64,
+        attributes: Vec<KeyValue>,
+    ) -> Span {
         let id: [u8; 8] = self.id();
         make_span(trace, id, parent, name, kind, start, end, attributes)
     }
-
 }
 
 #[allow(clippy::too_many_arguments)]
-fn make_span(trace: [u8; 16], id: [u8; 8], parent: [u8; 8], name: &str, kind: SpanKind, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
+fn make_span(
+    trace: [u8; 16],
+    id: [u8; 8],
+    parent: [u8; 8],
+    name: &str,
+    kind: SpanKind,
+    start: u64,
+    end: u64,
+    attributes: Vec<KeyValue>,
+) -> Span {
     Span {
-            trace_id: trace.to_vec(),
-            span_id: id.to_vec(),
-            parent_span_id: if parent == [0; 8] { Vec::new() } else { parent.to_vec() },
-            name: name.into(),
-            kind: kind as i32,
-            start_time_unix_nano: start,
-            end_time_unix_nano: end.max(start),
-            attributes,
-            status: Some(Status::default()),
-            ..Default::default()
-        }
+        trace_id: trace.to_vec(),
+        span_id: id.to_vec(),
+        parent_span_id: if parent == [0; 8] {
+            Vec::new()
+        } else {
+            parent.to_vec()
+        },
+        name: name.into(),
+        kind: kind as i32,
+        start_time_unix_nano: start,
+        end_time_unix_nano: end.max(start),
+        attributes,
+        status: Some(Status::default()),
+        ..Default::default()
+    }
 }
 
 fn resource(service: &str) -> Resource {
@@ -336,7 +507,11 @@ pub struct Batcher {
 
 impl Batcher {
     pub fn new(batch_spans: usize) -> Self {
-        Self { batch_spans, pending: vec![Vec::new(); SERVICES.len()], count: 0 }
+        Self {
+            batch_spans,
+            pending: vec![Vec::new(); SERVICES.len()],
+            count: 0,
+        }
     }
 
     /// Adds a request; returns a full message when one is ready.
@@ -363,7 +538,11 @@ impl Batcher {
             .map(|(svc, spans)| ResourceSpans {
                 resource: Some(resource(SERVICES[svc])),
                 scope_spans: vec![ScopeSpans {
-                    scope: Some(InstrumentationScope { name: "weft-bench".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }),
+                    scope: Some(InstrumentationScope {
+                        name: "weft-bench".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        ..Default::default()
+                    }),
                     spans: std::mem::take(spans),
                     schema_url: String::new(),
                 }],
@@ -375,7 +554,10 @@ impl Batcher {
 }
 
 /// Generates the whole data set as OTLP messages of about `batch_spans` spans.
-pub fn batches(cfg: GenConfig, batch_spans: usize) -> impl Iterator<Item = ExportTraceServiceRequest> {
+pub fn batches(
+    cfg: GenConfig,
+    batch_spans: usize,
+) -> impl Iterator<Item = ExportTraceServiceRequest> {
     let mut generator = Generator::new(cfg);
     let mut batcher = Batcher::new(batch_spans);
     let mut done = false;
@@ -400,13 +582,30 @@ mod tests {
 
     #[test]
     fn same_seed_same_data_and_budget_respected() {
-        let cfg = GenConfig { spans: 5_000, ..Default::default() };
+        let cfg = GenConfig {
+            spans: 5_000,
+            ..Default::default()
+        };
         let a: Vec<_> = batches(cfg.clone(), 2000).collect();
         let b: Vec<_> = batches(cfg, 2000).collect();
         assert_eq!(a, b);
-        let total: usize = a.iter().flat_map(|r| &r.resource_spans).flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
+        let total: usize = a
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
         assert!((5_000..5_000 + 420).contains(&total), "{total}");
-        let tokens = a.iter().flat_map(|r| &r.resource_spans).flat_map(|r| &r.scope_spans).flat_map(|s| &s.spans).filter(|s| s.name == "llm.decode.token").count();
-        assert!(tokens * 10 > total * 8, "token spans dominate: {tokens} of {total}");
+        let tokens = a
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|r| &r.scope_spans)
+            .flat_map(|s| &s.spans)
+            .filter(|s| s.name == "llm.decode.token")
+            .count();
+        assert!(
+            tokens * 10 > total * 8,
+            "token spans dominate: {tokens} of {total}"
+        );
     }
 }

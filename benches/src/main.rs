@@ -47,10 +47,19 @@ struct DataArgs {
 
 impl DataArgs {
     fn config(&self) -> GenConfig {
-        GenConfig { seed: self.seed, spans: self.spans, rate: self.rate, error_rate: self.error_rate, anomalies: !self.no_anomalies, ..Default::default() }
+        GenConfig {
+            seed: self.seed,
+            spans: self.spans,
+            rate: self.rate,
+            error_rate: self.error_rate,
+            anomalies: !self.no_anomalies,
+            ..Default::default()
+        }
     }
     fn encoded(&self) -> Vec<Bytes> {
-        batches(self.config(), self.batch_spans).map(|m| Bytes::from(m.encode_to_vec())).collect()
+        batches(self.config(), self.batch_spans)
+            .map(|m| Bytes::from(m.encode_to_vec()))
+            .collect()
     }
 }
 
@@ -116,20 +125,53 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Cmd::Generate { data, out, parquet } => generate(&data, out, parquet),
-        Cmd::Send { data, file, target, concurrency, rate_limit, tenant } => {
+        Cmd::Send {
+            data,
+            file,
+            target,
+            concurrency,
+            rate_limit,
+            tenant,
+        } => {
             let messages = match file {
                 Some(f) => read_otlp(&f)?,
                 None => data.encoded(),
             };
-            let report = rt.block_on(send(&target, messages, concurrency, rate_limit, tenant.as_deref()))?;
+            let report = rt.block_on(send(
+                &target,
+                messages,
+                concurrency,
+                rate_limit,
+                tenant.as_deref(),
+            ))?;
             println!("{report}");
             Ok(())
         }
-        Cmd::Ingest { data, concurrency, weft, data_dir, crash_restart, lookups } => rt.block_on(ingest(data, concurrency, weft, data_dir, crash_restart, lookups)),
-        Cmd::Lookup { data, target, samples } => {
+        Cmd::Ingest {
+            data,
+            concurrency,
+            weft,
+            data_dir,
+            crash_restart,
+            lookups,
+        } => rt.block_on(ingest(
+            data,
+            concurrency,
+            weft,
+            data_dir,
+            crash_restart,
+            lookups,
+        )),
+        Cmd::Lookup {
+            data,
+            target,
+            samples,
+        } => {
             let ids = trace_ids(&data.config(), samples);
             let report = rt.block_on(lookup(&target, &ids))?;
             println!("{report}");
@@ -175,12 +217,26 @@ impl std::fmt::Display for SendReport {
 }
 
 fn span_count(message: &Bytes) -> usize {
-    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(&message[..])
-        .map(|m| m.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum())
-        .unwrap_or(0)
+    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
+        &message[..],
+    )
+    .map(|m| {
+        m.resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum()
+    })
+    .unwrap_or(0)
 }
 
-async fn send(target: &str, messages: Vec<Bytes>, concurrency: usize, rate_limit: f64, tenant: Option<&str>) -> anyhow::Result<SendReport> {
+async fn send(
+    target: &str,
+    messages: Vec<Bytes>,
+    concurrency: usize,
+    rate_limit: f64,
+    tenant: Option<&str>,
+) -> anyhow::Result<SendReport> {
     let spans: usize = messages.iter().map(span_count).sum();
     let per_message = spans as f64 / messages.len().max(1) as f64;
     let messages = Arc::new(messages);
@@ -191,12 +247,20 @@ async fn send(target: &str, messages: Vec<Bytes>, concurrency: usize, rate_limit
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency.max(1) {
-        let (messages, next, retries, url, client) = (messages.clone(), next.clone(), retries.clone(), url.clone(), client.clone());
+        let (messages, next, retries, url, client) = (
+            messages.clone(),
+            next.clone(),
+            retries.clone(),
+            url.clone(),
+            client.clone(),
+        );
         let tenant = tenant.map(str::to_owned);
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(body) = messages.get(i) else { return Ok::<_, anyhow::Error>(()) };
+                let Some(body) = messages.get(i) else {
+                    return Ok::<_, anyhow::Error>(());
+                };
                 if rate_limit > 0.0 {
                     let due = Duration::from_secs_f64(i as f64 * per_message / rate_limit);
                     tokio::time::sleep_until((started + due).into()).await;
@@ -210,7 +274,9 @@ async fn send(target: &str, messages: Vec<Bytes>, concurrency: usize, rate_limit
                     let reply = client.post(&url, &headers, body.clone()).await?;
                     match reply.status {
                         StatusCode::OK => break,
-                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE if Instant::now() < deadline => {
+                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                            if Instant::now() < deadline =>
+                        {
                             retries.fetch_add(1, Ordering::Relaxed);
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
@@ -223,7 +289,12 @@ async fn send(target: &str, messages: Vec<Bytes>, concurrency: usize, rate_limit
     for t in tasks {
         t.await??;
     }
-    Ok(SendReport { spans, messages: messages.len(), retries: retries.load(Ordering::Relaxed), elapsed: started.elapsed() })
+    Ok(SendReport {
+        spans,
+        messages: messages.len(),
+        retries: retries.load(Ordering::Relaxed),
+        elapsed: started.elapsed(),
+    })
 }
 
 /// Trace ids of `n` requests spread over the data set.
@@ -242,15 +313,29 @@ async fn lookup(target: &str, ids: &[String]) -> anyhow::Result<String> {
     let mut times = Vec::with_capacity(ids.len());
     for id in ids {
         let started = Instant::now();
-        let reply = client.get(&format!("{}/api/v1/traces/{id}", target.trim_end_matches('/')), &[]).await?;
+        let reply = client
+            .get(
+                &format!("{}/api/v1/traces/{id}", target.trim_end_matches('/')),
+                &[],
+            )
+            .await?;
         times.push(started.elapsed());
         if reply.status != StatusCode::OK {
             bail!("trace {id}: {} {}", reply.status, reply.text());
         }
     }
     times.sort();
-    let p = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)].as_secs_f64() * 1e3;
-    Ok(format!("trace by id over HTTP, {} lookups: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms", times.len(), p(0.5), p(0.9), p(0.99), p(1.0)))
+    let p = |q: f64| {
+        times[((times.len() as f64 * q) as usize).min(times.len() - 1)].as_secs_f64() * 1e3
+    };
+    Ok(format!(
+        "trace by id over HTTP, {} lookups: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        times.len(),
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        p(1.0)
+    ))
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -268,24 +353,43 @@ fn weft_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("weft"),
     };
-    anyhow::ensure!(path.exists(), "weft binary not found at {} (build it, or pass --weft)", path.display());
+    anyhow::ensure!(
+        path.exists(),
+        "weft binary not found at {} (build it, or pass --weft)",
+        path.display()
+    );
     Ok(path)
 }
 
-async fn start_server(bin: &Path, dir: &Path, extra: &[&str]) -> anyhow::Result<(Server, Duration)> {
+async fn start_server(
+    bin: &Path,
+    dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Server, Duration)> {
     let (grpc, otlp, http) = (free_port()?, free_port()?, free_port()?);
     let started = Instant::now();
     let child = Command::new(bin)
         .arg("serve")
         .arg("--data-dir")
         .arg(dir)
-        .args(["--otlp-grpc-listen", &format!("127.0.0.1:{grpc}"), "--otlp-http-listen", &format!("127.0.0.1:{otlp}"), "--http-listen", &format!("127.0.0.1:{http}")])
+        .args([
+            "--otlp-grpc-listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--otlp-http-listen",
+            &format!("127.0.0.1:{otlp}"),
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
+        ])
         .args(extra)
         .env("WEFT_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .context("start weft")?;
-    let server = Server { child, http: format!("http://127.0.0.1:{http}"), otlp: format!("http://127.0.0.1:{otlp}") };
+    let server = Server {
+        child,
+        http: format!("http://127.0.0.1:{http}"),
+        otlp: format!("http://127.0.0.1:{otlp}"),
+    };
     let client = Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -301,28 +405,49 @@ async fn start_server(bin: &Path, dir: &Path, extra: &[&str]) -> anyhow::Result<
 
 fn peak_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| {
-        let meta = e.metadata();
-        match meta {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        }
-    }).sum()
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let meta = e.metadata();
+            match meta {
+                Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            }
+        })
+        .sum()
 }
 
 fn terminate(server: &mut Server) -> anyhow::Result<()> {
-    Command::new("kill").arg("-TERM").arg(server.child.id().to_string()).status()?;
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(server.child.id().to_string())
+        .status()?;
     let status = server.child.wait()?;
     anyhow::ensure!(status.success(), "weft exited with {status}");
     Ok(())
 }
 
-async fn ingest(data: DataArgs, concurrency: usize, weft: Option<PathBuf>, data_dir: Option<PathBuf>, crash_restart: bool, lookups: usize) -> anyhow::Result<()> {
+async fn ingest(
+    data: DataArgs,
+    concurrency: usize,
+    weft: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    crash_restart: bool,
+    lookups: usize,
+) -> anyhow::Result<()> {
     let bin = weft_binary(weft)?;
     let temp = tempfile::tempdir()?;
     let dir = data_dir.unwrap_or_else(|| temp.path().join("data"));
@@ -341,13 +466,19 @@ async fn ingest(data: DataArgs, concurrency: usize, weft: Option<PathBuf>, data_
     let pid = server.child.id();
     let rss = peak_rss_kib(pid).unwrap_or(0);
     println!("ingest: {report}");
-    println!("server peak RSS during ingest: {:.1} MiB", rss as f64 / 1024.0);
+    println!(
+        "server peak RSS during ingest: {:.1} MiB",
+        rss as f64 / 1024.0
+    );
 
     if crash_restart {
         server.child.kill()?;
         server.child.wait()?;
         let (restarted, took) = start_server(&bin, &dir, &[]).await?;
-        println!("restart after kill -9: ready in {:.2} s", took.as_secs_f64());
+        println!(
+            "restart after kill -9: ready in {:.2} s",
+            took.as_secs_f64()
+        );
         server = restarted;
     }
     if lookups > 0 {
@@ -364,16 +495,27 @@ async fn ingest(data: DataArgs, concurrency: usize, weft: Option<PathBuf>, data_
     let mut by_column: std::collections::BTreeMap<String, u64> = Default::default();
     for (_, meta) in &blocks {
         for c in &meta.columns {
-            let key = if c.name.starts_with("a:") { "a:* (dynamic)".to_string() } else { c.name.clone() };
+            let key = if c.name.starts_with("a:") {
+                "a:* (dynamic)".to_string()
+            } else {
+                c.name.clone()
+            };
             *by_column.entry(key).or_default() += c.bytes;
         }
     }
     let chunk_bytes: u64 = by_column.values().sum();
-    println!("on disk after flush + compaction: {total} bytes for {spans} spans ({token_spans} token spans) = {:.2} bytes/span (column chunks {:.2} bytes/span, indexes and RocksDB overhead the rest)", total as f64 / spans as f64, chunk_bytes as f64 / spans as f64);
+    println!(
+        "on disk after flush + compaction: {total} bytes for {spans} spans ({token_spans} token spans) = {:.2} bytes/span (column chunks {:.2} bytes/span, indexes and RocksDB overhead the rest)",
+        total as f64 / spans as f64,
+        chunk_bytes as f64 / spans as f64
+    );
     let mut columns: Vec<_> = by_column.into_iter().collect();
     columns.sort_by(|a, b| b.1.cmp(&a.1));
     for (name, bytes) in columns.iter().take(15) {
-        println!("  {name:<40} {:>8.3} bytes/span", *bytes as f64 / spans as f64);
+        println!(
+            "  {name:<40} {:>8.3} bytes/span",
+            *bytes as f64 / spans as f64
+        );
     }
     Ok(())
 }

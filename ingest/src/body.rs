@@ -29,21 +29,33 @@ impl Encoding {
 }
 
 /// Returns the decoded body, refusing anything larger than `limit` bytes once decompressed.
-pub fn decode(body: bytes::Bytes, encoding: Encoding, limit: usize) -> Result<bytes::Bytes, IngestError> {
+pub fn decode(
+    body: bytes::Bytes,
+    encoding: Encoding,
+    limit: usize,
+) -> Result<bytes::Bytes, IngestError> {
     if body.len() > limit {
-        return Err(IngestError::TooLarge { size: body.len(), limit });
+        return Err(IngestError::TooLarge {
+            size: body.len(),
+            limit,
+        });
     }
     match encoding {
         Encoding::Identity => Ok(body),
         Encoding::Gzip => {
             let mut out = Vec::with_capacity(body.len() * 4);
             let mut reader = GzDecoder::new(&body[..]).take(limit as u64 + 1);
-            reader.read_to_end(&mut out).map_err(|e| IngestError::Undecodable {
-                format: "gzip",
-                detail: e.to_string(),
-            })?;
+            reader
+                .read_to_end(&mut out)
+                .map_err(|e| IngestError::Undecodable {
+                    format: "gzip",
+                    detail: e.to_string(),
+                })?;
             if out.len() > limit {
-                return Err(IngestError::TooLarge { size: out.len(), limit });
+                return Err(IngestError::TooLarge {
+                    size: out.len(),
+                    limit,
+                });
             }
             Ok(out.into())
         }

@@ -6,7 +6,10 @@ use weft_storage::StorageError;
 pub enum IngestError {
     /// The body is not a valid OTLP message; fix the client.
     #[error("undecodable {format} body: {detail}")]
-    Undecodable { format: &'static str, detail: String },
+    Undecodable {
+        format: &'static str,
+        detail: String,
+    },
     /// The body (after decompression) exceeds the configured limit.
     #[error("request body of {size} bytes exceeds the limit of {limit} bytes")]
     TooLarge { size: usize, limit: usize },

@@ -81,7 +81,10 @@ pub struct IngestStats {
 
 impl IngestStats {
     pub fn count_rejected(&self, reason: RejectReason, n: u64) {
-        let i = RejectReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        let i = RejectReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
         self.rejected[i].fetch_add(n, Ordering::Relaxed);
     }
 }
@@ -131,34 +134,53 @@ impl Ingester {
     }
 
     /// Decodes, validates and stores an encoded (already decompressed) export body.
-    pub async fn export_bytes(self: &Arc<Self>, tenant: TenantId, body: Bytes, format: Format) -> Result<ExportOutcome, IngestError> {
+    pub async fn export_bytes(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        body: Bytes,
+        format: Format,
+    ) -> Result<ExportOutcome, IngestError> {
         let cost = body.len();
         self.admitted(cost, move |this| {
             let req = match format {
                 Format::Protobuf => otlp::decode_protobuf(&body),
                 Format::Json => otlp::json::decode_request(&body),
             };
-            let req = req.inspect_err(|_| this.stats.count_rejected(RejectReason::Undecodable, 1))?;
+            let req =
+                req.inspect_err(|_| this.stats.count_rejected(RejectReason::Undecodable, 1))?;
             this.store_request(&tenant, req)
         })
         .await
     }
 
     /// Validates and stores an already decoded request (the gRPC path).
-    pub async fn export(self: &Arc<Self>, tenant: TenantId, req: ExportTraceServiceRequest, encoded_len: usize) -> Result<ExportOutcome, IngestError> {
-        self.admitted(encoded_len, move |this| this.store_request(&tenant, req)).await
+    pub async fn export(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        req: ExportTraceServiceRequest,
+        encoded_len: usize,
+    ) -> Result<ExportOutcome, IngestError> {
+        self.admitted(encoded_len, move |this| this.store_request(&tenant, req))
+            .await
     }
 
     /// Runs `work` on the blocking pool once the request fits the in-flight budget.
-    async fn admitted<F>(self: &Arc<Self>, cost: usize, work: F) -> Result<ExportOutcome, IngestError>
+    async fn admitted<F>(
+        self: &Arc<Self>,
+        cost: usize,
+        work: F,
+    ) -> Result<ExportOutcome, IngestError>
     where
         F: FnOnce(&Ingester) -> Result<ExportOutcome, IngestError> + Send + 'static,
     {
         // Decoded spans take several times their encoded size.
-        let units = (cost.saturating_mul(4) / BUDGET_UNIT).clamp(1, self.limits.max_inflight_bytes / BUDGET_UNIT) as u32;
+        let units = (cost.saturating_mul(4) / BUDGET_UNIT)
+            .clamp(1, self.limits.max_inflight_bytes / BUDGET_UNIT) as u32;
         let Ok(permit) = self.inflight.clone().try_acquire_many_owned(units) else {
             self.stats.count_rejected(RejectReason::Overloaded, 1);
-            return Err(IngestError::Overloaded { retry_after_ms: 500 });
+            return Err(IngestError::Overloaded {
+                retry_after_ms: 500,
+            });
         };
         let this = Arc::clone(self);
         let result = tokio::task::spawn_blocking(move || {
@@ -166,14 +188,22 @@ impl Ingester {
             work(&this)
         })
         .await
-        .map_err(|e| IngestError::Storage(weft_storage::StorageError::Io(std::io::Error::other(e.to_string()))))?;
+        .map_err(|e| {
+            IngestError::Storage(weft_storage::StorageError::Io(std::io::Error::other(
+                e.to_string(),
+            )))
+        })?;
         if let Err(IngestError::Overloaded { .. }) = &result {
             self.stats.count_rejected(RejectReason::Overloaded, 1);
         }
         result
     }
 
-    fn store_request(&self, tenant: &TenantId, req: ExportTraceServiceRequest) -> Result<ExportOutcome, IngestError> {
+    fn store_request(
+        &self,
+        tenant: &TenantId,
+        req: ExportTraceServiceRequest,
+    ) -> Result<ExportOutcome, IngestError> {
         let limits = SpanLimits {
             max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
         };
@@ -188,8 +218,12 @@ impl Ingester {
         } else {
             self.store.append(tenant, converted.spans)?
         };
-        self.stats.spans_accepted.fetch_add(outcome.stored as u64, Ordering::Relaxed);
-        self.stats.spans_duplicate.fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+        self.stats
+            .spans_accepted
+            .fetch_add(outcome.stored as u64, Ordering::Relaxed);
+        self.stats
+            .spans_duplicate
+            .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
         Ok(ExportOutcome {
             accepted: outcome.stored,
             duplicates: outcome.duplicates,

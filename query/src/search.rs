@@ -11,6 +11,7 @@ use weft_storage::codec::Reader;
 use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, StatusCode, TenantId, TraceId, Value};
 use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, dedicated_for};
+use weft_storage::store::Snapshot;
 
 use crate::error::QueryError;
 
@@ -75,31 +76,41 @@ pub struct SearchPage {
     pub next_cursor: Option<String>,
 }
 
-pub fn search(store: &Store, tenant: &TenantId, req: &SearchRequest) -> Result<SearchPage, QueryError> {
+pub fn search(
+    store: &Store,
+    tenant: &TenantId,
+    req: &SearchRequest,
+) -> Result<SearchPage, QueryError> {
+    let snapshot = store.snapshot(tenant);
     let mut matched: Vec<TraceId> = Vec::new();
-    for (addr, meta) in store.blocks(tenant) {
-        if !overlaps(&meta, req) {
+    for (addr, meta) in snapshot.blocks.iter() {
+        if !overlaps(meta, req) {
             continue;
         }
-        let rows = matching_rows(store, tenant, addr, &meta, req)?;
+        let rows = matching_rows(store, tenant, *addr, meta, req)?;
         if rows.is_empty() {
             continue;
         }
-        let traces = store.block_traces(tenant, addr)?;
+        let traces = store.block_traces(tenant, *addr)?;
         matched.extend(traces_of_rows(&traces, &rows));
     }
-    let head = store.head_snapshot(tenant);
-    matched.extend(head.rows().filter(|s| span_matches(s, req)).map(|s| s.trace_id));
+    matched.extend(
+        snapshot
+            .head
+            .rows()
+            .filter(|s| span_matches(s, req))
+            .map(|s| s.trace_id),
+    );
     matched.sort_unstable();
     matched.dedup();
 
     let mut summaries = Vec::with_capacity(matched.len());
     for trace in matched {
-        if let Some(s) = summarize(store, tenant, &trace, &head)? {
+        if let Some(s) = summarize(store, tenant, &trace, &snapshot)? {
             summaries.push(s);
         }
     }
-    summaries.sort_by(|a, b| (b.start_time, b.trace_id).cmp(&(a.start_time, a.trace_id)));
+    summaries.sort_by_key(|s| std::cmp::Reverse((s.start_time, s.trace_id)));
     if let Some(c) = &req.cursor {
         summaries.retain(|s| c.is_before(s.start_time, &s.trace_id));
     }
@@ -125,7 +136,13 @@ fn overlaps(meta: &BlockMeta, req: &SearchRequest) -> bool {
 
 /// Rows of one block where a single span satisfies every filter. Indexed filters are bitmap
 /// intersections; the others decode only their column, only for rows still in the running.
-fn matching_rows(store: &Store, tenant: &TenantId, addr: BlockAddr, meta: &BlockMeta, req: &SearchRequest) -> Result<RoaringBitmap, QueryError> {
+fn matching_rows(
+    store: &Store,
+    tenant: &TenantId,
+    addr: BlockAddr,
+    meta: &BlockMeta,
+    req: &SearchRequest,
+) -> Result<RoaringBitmap, QueryError> {
     let mut rows = RoaringBitmap::new();
     rows.insert_range(0..meta.rows);
     let mut narrow = |dim: &str, term: &str| -> Result<(), QueryError> {
@@ -152,10 +169,13 @@ fn matching_rows(store: &Store, tenant: &TenantId, addr: BlockAddr, meta: &Block
         }
         rows = attribute_rows(&reader, key, value, &rows)?;
     }
-    let time_filtered = req.start.is_some_and(|s| meta.min_start < s) || req.end.is_some_and(|e| meta.max_start >= e);
+    let time_filtered = req.start.is_some_and(|s| meta.min_start < s)
+        || req.end.is_some_and(|e| meta.max_start >= e);
     if time_filtered && !rows.is_empty() {
         let starts = reader.ints(col::START, &Rows::Set(rows.clone()))?;
-        rows = keep(&rows, &starts, |t| req.start.is_none_or(|s| t as u64 >= s) && req.end.is_none_or(|e| (t as u64) < e));
+        rows = keep(&rows, &starts, |t| {
+            req.start.is_none_or(|s| t as u64 >= s) && req.end.is_none_or(|e| (t as u64) < e)
+        });
     }
     if (req.min_duration_ns.is_some() || req.max_duration_ns.is_some()) && !rows.is_empty() {
         let durations = reader.ints(col::DURATION, &Rows::Set(rows.clone()))?;
@@ -165,7 +185,11 @@ fn matching_rows(store: &Store, tenant: &TenantId, addr: BlockAddr, meta: &Block
 }
 
 fn keep(rows: &RoaringBitmap, values: &[i64], pred: impl Fn(i64) -> bool) -> RoaringBitmap {
-    rows.iter().zip(values).filter(|(_, v)| pred(**v)).map(|(r, _)| r).collect()
+    rows.iter()
+        .zip(values)
+        .filter(|(_, v)| pred(**v))
+        .map(|(r, _)| r)
+        .collect()
 }
 
 fn duration_ok(d: u64, req: &SearchRequest) -> bool {
@@ -187,13 +211,21 @@ fn attribute_rows<S: weft_storage::block::reader::ChunkSource>(
         None => format!("{}{}", col::DYNAMIC_PREFIX, key),
     };
     if let Some(values) = reader.attribute_values(&typed, &selection)? {
-        out.extend(rows.iter().zip(values).filter(|(_, v)| v.as_ref().is_some_and(|v| value_matches(v, value))).map(|(r, _)| r));
+        out.extend(
+            rows.iter()
+                .zip(values)
+                .filter(|(_, v)| v.as_ref().is_some_and(|v| value_matches(v, value)))
+                .map(|(r, _)| r),
+        );
     }
     if let Some(blobs) = reader.blobs(col::ATTRIBUTES_OTHER, &selection)? {
         for (row, blob) in rows.iter().zip(blobs) {
             let Some(blob) = blob else { continue };
             let attrs = Reader::new(&blob).attrs()?;
-            if attrs.iter().any(|kv| kv.key == key && value_matches(&kv.value, value)) {
+            if attrs
+                .iter()
+                .any(|kv| kv.key == key && value_matches(&kv.value, value))
+            {
                 out.insert(row);
             }
         }
@@ -228,31 +260,55 @@ fn span_matches(s: &SpanRecord, req: &SearchRequest) -> bool {
         && req.start.is_none_or(|t| s.start.0 >= t)
         && req.end.is_none_or(|t| s.start.0 < t)
         && duration_ok(s.duration_ns(), req)
-        && req.attributes.iter().all(|(k, v)| attribute_matches(s, k, v))
+        && req
+            .attributes
+            .iter()
+            .all(|(k, v)| attribute_matches(s, k, v))
 }
 
 /// Matches an attribute by its name or by the other generation of its GenAI name.
 fn attribute_matches(s: &SpanRecord, key: &str, value: &str) -> bool {
     let canonical = dedicated_for(key).map(|(i, _)| i);
     s.attributes.iter().any(|kv| {
-        let same_key = kv.key == key || (canonical.is_some() && dedicated_for(&kv.key).map(|(i, _)| i) == canonical);
+        let same_key = kv.key == key
+            || (canonical.is_some() && dedicated_for(&kv.key).map(|(i, _)| i) == canonical);
         same_key && value_matches(&kv.value, value)
     })
 }
 
 /// A trace's summary from the per-block trace entries and the head.
-fn summarize(store: &Store, tenant: &TenantId, trace: &TraceId, head: &weft_storage::head::HeadSnapshot) -> Result<Option<TraceSummary>, QueryError> {
+fn summarize(
+    store: &Store,
+    tenant: &TenantId,
+    trace: &TraceId,
+    snapshot: &Snapshot,
+) -> Result<Option<TraceSummary>, QueryError> {
     let mut acc = Acc::default();
-    for (_, entry) in store.trace_locations(tenant, trace)? {
-        acc.add(entry.min_start, entry.max_end, entry.rows.into(), entry.errors.into(), entry.root);
+    for (_, entry) in store.trace_locations_in(tenant, snapshot, trace)? {
+        acc.add(
+            entry.min_start,
+            entry.max_end,
+            entry.rows.into(),
+            entry.errors.into(),
+            entry.root,
+        );
     }
     let mut seen: HashMap<_, ()> = HashMap::new();
-    for s in head.rows().filter(|s| s.trace_id == *trace) {
+    for s in snapshot.head.rows().filter(|s| s.trace_id == *trace) {
         if seen.insert(s.span_id, ()).is_some() {
             continue;
         }
-        let root = s.parent_span_id.is_none().then(|| (s.service_name().to_owned(), s.name.clone()));
-        acc.add(s.start.0, s.end.0, 1, u64::from(s.status_code == StatusCode::Error), root);
+        let root = s
+            .parent_span_id
+            .is_none()
+            .then(|| (s.service_name().to_owned(), s.name.clone()));
+        acc.add(
+            s.start.0,
+            s.end.0,
+            1,
+            u64::from(s.status_code == StatusCode::Error),
+            root,
+        );
     }
     Ok(acc.finish(*trace))
 }
@@ -267,7 +323,14 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, start: u64, end: u64, spans: u64, errors: u64, root: Option<(String, String)>) {
+    fn add(
+        &mut self,
+        start: u64,
+        end: u64,
+        spans: u64,
+        errors: u64,
+        root: Option<(String, String)>,
+    ) {
         self.start = Some(self.start.map_or(start, |s| s.min(start)));
         self.end = self.end.max(end);
         self.spans += spans;

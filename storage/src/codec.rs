@@ -341,8 +341,14 @@ mod tests {
             end: UnixNanos(1_700_000_000_025_000_000),
             attributes: vec![
                 KeyValue::new("llm.token.index", Value::Int(-7)),
-                KeyValue::new("x", Value::Array(vec![Value::Double(1.5), Value::Bool(true)])),
-                KeyValue::new("m", Value::KvList(vec![KeyValue::new("b", Value::Bytes(vec![0, 1]))])),
+                KeyValue::new(
+                    "x",
+                    Value::Array(vec![Value::Double(1.5), Value::Bool(true)]),
+                ),
+                KeyValue::new(
+                    "m",
+                    Value::KvList(vec![KeyValue::new("b", Value::Bytes(vec![0, 1]))]),
+                ),
             ],
             dropped_attributes_count: 2,
             events: vec![Event {

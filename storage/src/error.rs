@@ -9,7 +9,9 @@ pub enum StorageError {
     InvalidTenant { name: String },
     #[error("invalid {what} {value:?}: expected lower-case hex of the right length")]
     InvalidId { what: &'static str, value: String },
-    #[error("write path saturated: {pending_rows} rows wait for flush; retry after {retry_after_ms} ms")]
+    #[error(
+        "write path saturated: {pending_rows} rows wait for flush; retry after {retry_after_ms} ms"
+    )]
     Overloaded {
         pending_rows: usize,
         retry_after_ms: u64,

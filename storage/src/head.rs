@@ -25,7 +25,10 @@ impl Head {
     pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<SpanRecord>>, now: Instant) {
         let b = self.batches.len() as u32;
         for (i, span) in batch.iter().enumerate() {
-            self.by_trace.entry(span.trace_id).or_default().push((b, i as u32));
+            self.by_trace
+                .entry(span.trace_id)
+                .or_default()
+                .push((b, i as u32));
         }
         self.rows += batch.len();
         self.since.get_or_insert(now);

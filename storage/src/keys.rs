@@ -129,8 +129,14 @@ mod tests {
     fn keys_sort_by_tenant_then_kind_then_window() {
         let a = TenantId::new("a").unwrap();
         let b = TenantId::new("b").unwrap();
-        let early = BlockAddr { window: 1, block: 9 };
-        let late = BlockAddr { window: 2, block: 1 };
+        let early = BlockAddr {
+            window: 1,
+            block: 9,
+        };
+        let late = BlockAddr {
+            window: 2,
+            block: 1,
+        };
         assert!(chunk(&a, early, "x") < chunk(&a, late, "a"));
         assert!(chunk(&a, late, "x") < chunk(&b, early, "a"));
         let k = trace_id(&a, &TraceId([7; 16]), late);

@@ -34,9 +34,15 @@ impl ColumnType {
         self as u8
     }
     pub fn from_code(code: u8) -> Option<Self> {
-        [Self::Str, Self::Int, Self::Double, Self::Bool, Self::StrList]
-            .into_iter()
-            .find(|t| t.code() == code)
+        [
+            Self::Str,
+            Self::Int,
+            Self::Double,
+            Self::Bool,
+            Self::StrList,
+        ]
+        .into_iter()
+        .find(|t| t.code() == code)
     }
 }
 
@@ -62,7 +68,12 @@ const fn col(name: &'static str, ty: ColumnType, indexed: bool, inherited: bool)
     }
 }
 
-const fn aliased(name: &'static str, ty: ColumnType, alias: &'static str, indexed: bool) -> Dedicated {
+const fn aliased(
+    name: &'static str,
+    ty: ColumnType,
+    alias: &'static str,
+    indexed: bool,
+) -> Dedicated {
     Dedicated {
         name,
         ty,
@@ -80,8 +91,18 @@ pub const DEDICATED: &[Dedicated] = &[
     aliased("gen_ai.provider.name", Str, "gen_ai.system", true),
     col("gen_ai.request.model", Str, true, true),
     col("gen_ai.response.model", Str, true, true),
-    aliased("gen_ai.usage.input_tokens", Int, "gen_ai.usage.prompt_tokens", false),
-    aliased("gen_ai.usage.output_tokens", Int, "gen_ai.usage.completion_tokens", false),
+    aliased(
+        "gen_ai.usage.input_tokens",
+        Int,
+        "gen_ai.usage.prompt_tokens",
+        false,
+    ),
+    aliased(
+        "gen_ai.usage.output_tokens",
+        Int,
+        "gen_ai.usage.completion_tokens",
+        false,
+    ),
     col("gen_ai.response.finish_reasons", StrList, false, false),
     col("gen_ai.conversation.id", Str, false, false),
     col("gen_ai.latency.time_in_queue", Double, false, false),
@@ -145,10 +166,16 @@ mod tests {
 
     #[test]
     fn both_generations_map_to_one_column() {
-        let (new, old) = (dedicated_for("gen_ai.provider.name"), dedicated_for("gen_ai.system"));
+        let (new, old) = (
+            dedicated_for("gen_ai.provider.name"),
+            dedicated_for("gen_ai.system"),
+        );
         assert_eq!(new, Some((1, false)));
         assert_eq!(old, Some((1, true)));
-        assert_eq!(dedicated_for("gen_ai.usage.completion_tokens").map(|d| d.0), dedicated_for("gen_ai.usage.output_tokens").map(|d| d.0));
+        assert_eq!(
+            dedicated_for("gen_ai.usage.completion_tokens").map(|d| d.0),
+            dedicated_for("gen_ai.usage.output_tokens").map(|d| d.0)
+        );
         assert_eq!(dedicated_for("http.route"), None);
     }
 }

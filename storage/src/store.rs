@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use roaring::RoaringBitmap;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, IteratorMode, Options,
     SliceTransform, WriteBatch, WriteOptions,
 };
-use roaring::RoaringBitmap;
 
 use crate::block::format::{decode_postings, decode_traces, encode_traces};
 use crate::block::reader::{ChunkSource, Rows};
@@ -82,7 +82,16 @@ struct TenantState {
     /// Span identities of the last flushed head, so a retry arriving just after a flush is
     /// still stored once.
     recent: HashSet<(TraceId, SpanId)>,
-    blocks: BTreeMap<BlockAddr, Arc<BlockMeta>>,
+    /// Copy-on-write, so a reader's snapshot is one reference count.
+    blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
+}
+
+/// A consistent view of one tenant: the blocks and the unflushed rows as of one instant. A row
+/// is in exactly one of them, whatever flush is under way.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    pub blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
+    pub head: HeadSnapshot,
 }
 
 impl TenantState {
@@ -185,7 +194,9 @@ impl Store {
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
-        self.db.cf_handle(name).expect("column family opened at start")
+        self.db
+            .cf_handle(name)
+            .expect("column family opened at start")
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -204,7 +215,7 @@ impl Store {
             let tenant = TenantId::new(tenant)?;
             let meta = Arc::new(BlockMeta::decode(&value)?);
             state.next_block = state.next_block.max(addr.block + 1);
-            state.tenants.entry(tenant).or_default().blocks.insert(addr, meta);
+            Arc::make_mut(&mut state.tenants.entry(tenant).or_default().blocks).insert(addr, meta);
         }
         let now = Instant::now();
         for item in self.db.iterator_cf(self.cf(CF_HEAD), IteratorMode::Start) {
@@ -215,7 +226,9 @@ impl Store {
                 .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
             let spans = decode_spans(&value)?;
             let t = state.tenants.entry(TenantId::new(tenant)?).or_default();
-            t.head.seen.extend(spans.iter().map(|s| (s.trace_id, s.span_id)));
+            t.head
+                .seen
+                .extend(spans.iter().map(|s| (s.trace_id, s.span_id)));
             t.head.push(key.to_vec(), Arc::new(spans), now);
             state.next_seq = state.next_seq.max(seq + 1);
         }
@@ -259,15 +272,21 @@ impl Store {
             stored: fresh.len(),
             duplicates: total - fresh.len(),
         };
-        self.stats.rows_deduplicated.fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+        self.stats
+            .rows_deduplicated
+            .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
         if fresh.is_empty() {
             return Ok(outcome);
         }
         let key = keys::head(tenant, seq);
         let started = Instant::now();
-        let written = self.db.put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync);
+        let written = self
+            .db
+            .put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync);
         self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
-        self.stats.wal_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats
+            .wal_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut state = self.lock();
         let t = state.tenants.entry(tenant.clone()).or_default();
         if let Err(e) = written {
@@ -276,7 +295,9 @@ impl Store {
             }
             return Err(e.into());
         }
-        self.stats.rows_appended.fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        self.stats
+            .rows_appended
+            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
         t.head.push(key, Arc::new(fresh), Instant::now());
         Ok(outcome)
     }
@@ -284,7 +305,11 @@ impl Store {
     /// Identities of the given spans that blocks already hold (a retry of a batch that was
     /// flushed since). The trace-id index's prefix bloom filter makes this nearly free for
     /// traces never seen before; for known traces only the span-id pages of their rows are read.
-    fn stored_span_ids(&self, tenant: &TenantId, spans: &[SpanRecord]) -> Result<HashSet<(TraceId, SpanId)>> {
+    fn stored_span_ids(
+        &self,
+        tenant: &TenantId,
+        spans: &[SpanRecord],
+    ) -> Result<HashSet<(TraceId, SpanId)>> {
         let traces: HashSet<TraceId> = spans.iter().map(|s| s.trace_id).collect();
         let mut out = HashSet::new();
         let blocks = {
@@ -296,7 +321,9 @@ impl Store {
         };
         for trace in traces {
             for (addr, entry) in self.trace_locations(tenant, &trace)? {
-                let Some(meta) = blocks.get(&addr) else { continue };
+                let Some(meta) = blocks.get(&addr) else {
+                    continue;
+                };
                 let reader = self.block_reader(tenant, addr, meta);
                 let ids = reader.span_ids(&Rows::Range(entry.row_start, entry.rows))?;
                 out.extend(ids.into_iter().map(|id| (trace, id)));
@@ -313,7 +340,9 @@ impl Store {
 
     fn head_due(&self, head: &Head) -> bool {
         head.rows >= self.opts.flush_rows
-            || head.since.is_some_and(|s| s.elapsed() >= self.opts.flush_age)
+            || head
+                .since
+                .is_some_and(|s| s.elapsed() >= self.opts.flush_age)
     }
 
     /// Turns due heads (all non-empty heads when `force`) into blocks.
@@ -340,7 +369,7 @@ impl Store {
             match result {
                 Ok(written) => {
                     blocks += written.len();
-                    t.blocks.extend(written);
+                    Arc::make_mut(&mut t.blocks).extend(written);
                     t.recent = head.seen.clone();
                     t.frozen = None;
                 }
@@ -365,7 +394,11 @@ impl Store {
         Ok(blocks)
     }
 
-    fn flush_head(&self, tenant: &TenantId, head: &Head) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
+    fn flush_head(
+        &self,
+        tenant: &TenantId,
+        head: &Head,
+    ) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
         let started = Instant::now();
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
         let mut by_window: BTreeMap<u64, Vec<SpanRecord>> = BTreeMap::new();
@@ -387,7 +420,9 @@ impl Store {
                 rows += part.len() as u64;
                 let built = build_block(part)?;
                 self.stage_block(&mut batch, tenant, addr, &built)?;
-                self.stats.block_bytes_written.fetch_add(built.meta.total_bytes(), Ordering::Relaxed);
+                self.stats
+                    .block_bytes_written
+                    .fetch_add(built.meta.total_bytes(), Ordering::Relaxed);
                 written.push((addr, Arc::new(built.meta)));
             }
         }
@@ -396,9 +431,13 @@ impl Store {
         }
         self.db.write_opt(batch, &self.sync)?;
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
-        self.stats.blocks_written.fetch_add(written.len() as u64, Ordering::Relaxed);
+        self.stats
+            .blocks_written
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
         self.stats.rows_flushed.fetch_add(rows, Ordering::Relaxed);
-        self.stats.flush_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats
+            .flush_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         tracing::debug!(tenant = %tenant, blocks = written.len(), rows, "head flushed");
         Ok(written)
     }
@@ -417,12 +456,20 @@ impl Store {
         for (dim, bytes) in &built.postings {
             batch.put_cf(data, keys::postings(tenant, addr, dim), bytes);
         }
-        batch.put_cf(data, keys::block_key(tenant, keys::TRACES, addr), encode_traces(&built.traces));
+        batch.put_cf(
+            data,
+            keys::block_key(tenant, keys::TRACES, addr),
+            encode_traces(&built.traces),
+        );
         for entry in &built.traces {
             let key = keys::trace_id(tenant, &entry.trace_id, addr);
             batch.put_cf(data, key, encode_traces(std::slice::from_ref(entry)));
         }
-        batch.put_cf(self.cf(CF_META), keys::block_key(tenant, keys::META, addr), built.meta.encode());
+        batch.put_cf(
+            self.cf(CF_META),
+            keys::block_key(tenant, keys::META, addr),
+            built.meta.encode(),
+        );
         Ok(())
     }
 
@@ -430,7 +477,9 @@ impl Store {
     pub fn trace(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<SpanRecord>> {
         let (mut spans, blocks) = {
             let state = self.lock();
-            let Some(t) = state.tenants.get(tenant) else { return Ok(Vec::new()) };
+            let Some(t) = state.tenants.get(tenant) else {
+                return Ok(Vec::new());
+            };
             let mut spans = t.head.trace(trace);
             if let Some(f) = &t.frozen {
                 spans.extend(f.trace(trace));
@@ -438,19 +487,38 @@ impl Store {
             (spans, t.blocks.clone())
         };
         for (addr, entry) in self.trace_locations(tenant, trace)? {
-            let Some(meta) = blocks.get(&addr) else { continue };
+            let Some(meta) = blocks.get(&addr) else {
+                continue;
+            };
             let reader = self.block_reader(tenant, addr, meta);
             spans.extend(reader.spans(&Rows::Range(entry.row_start, entry.rows), true)?);
         }
         let mut seen = HashSet::new();
         spans.retain(|s| seen.insert(s.span_id));
-        spans.sort_by(|a, b| (a.start, a.span_id).cmp(&(b.start, b.span_id)));
+        spans.sort_by_key(|s| (s.start, s.span_id));
         Ok(spans)
     }
 
-    /// Where a trace's rows are: one entry per block, from the trace-id index (a prefix bloom
-    /// filter answers "not here" without reading data).
-    pub fn trace_locations(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<(BlockAddr, TraceEntry)>> {
+    /// Where a trace's rows are: one entry per block of the snapshot, from the trace-id index
+    /// (a prefix bloom filter answers "not here" without reading data).
+    pub fn trace_locations_in(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        trace: &TraceId,
+    ) -> Result<Vec<(BlockAddr, TraceEntry)>> {
+        let mut found = self.trace_locations(tenant, trace)?;
+        found.retain(|(addr, _)| snapshot.blocks.contains_key(addr));
+        Ok(found)
+    }
+
+    /// Every trace-id index entry of a trace, including those of a block whose flush is
+    /// committing right now; readers want [`Self::trace_locations_in`].
+    fn trace_locations(
+        &self,
+        tenant: &TenantId,
+        trace: &TraceId,
+    ) -> Result<Vec<(BlockAddr, TraceEntry)>> {
         let prefix = keys::trace_id_prefix(tenant, trace);
         let mut out = Vec::new();
         for item in self.db.prefix_iterator_cf(self.cf(CF_DATA), &prefix) {
@@ -461,7 +529,9 @@ impl Store {
             let addr = keys::read_addr(&key[prefix.len()..])
                 .ok_or_else(|| StorageError::corrupt("trace-id key", hex::encode(&key)))?;
             let mut entries = decode_traces(&value)?;
-            let entry = entries.pop().ok_or_else(|| StorageError::corrupt("trace-id entry", "empty"))?;
+            let entry = entries
+                .pop()
+                .ok_or_else(|| StorageError::corrupt("trace-id entry", "empty"))?;
             out.push((addr, entry));
         }
         Ok(out)
@@ -469,23 +539,28 @@ impl Store {
 
     /// The blocks of a tenant, oldest first.
     pub fn blocks(&self, tenant: &TenantId) -> Vec<(BlockAddr, Arc<BlockMeta>)> {
-        let state = self.lock();
-        state
-            .tenants
-            .get(tenant)
-            .map(|t| t.blocks.iter().map(|(a, m)| (*a, m.clone())).collect())
-            .unwrap_or_default()
+        self.snapshot(tenant)
+            .blocks
+            .iter()
+            .map(|(a, m)| (*a, m.clone()))
+            .collect()
     }
 
-    /// The unflushed rows of a tenant (head and the head being flushed).
-    pub fn head_snapshot(&self, tenant: &TenantId) -> HeadSnapshot {
+    /// The blocks and the unflushed rows (head and the head being flushed) of a tenant, as of
+    /// one instant. Queries that read both go through one snapshot, so no row shows twice.
+    pub fn snapshot(&self, tenant: &TenantId) -> Snapshot {
         let state = self.lock();
-        let Some(t) = state.tenants.get(tenant) else { return HeadSnapshot::default() };
+        let Some(t) = state.tenants.get(tenant) else {
+            return Snapshot::default();
+        };
         let mut batches = t.head.batches.clone();
         if let Some(f) = &t.frozen {
             batches.extend(f.batches.iter().cloned());
         }
-        HeadSnapshot { batches }
+        Snapshot {
+            blocks: t.blocks.clone(),
+            head: HeadSnapshot { batches },
+        }
     }
 
     /// Tenants that hold any data.
@@ -493,8 +568,20 @@ impl Store {
         self.lock().tenants.keys().cloned().collect()
     }
 
-    pub fn block_reader<'m>(&'m self, tenant: &TenantId, addr: BlockAddr, meta: &'m BlockMeta) -> BlockReader<'m, ChunkFetcher<'m>> {
-        BlockReader::new(meta, ChunkFetcher { store: self, tenant: tenant.clone(), addr })
+    pub fn block_reader<'m>(
+        &'m self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &'m BlockMeta,
+    ) -> BlockReader<'m, ChunkFetcher<'m>> {
+        BlockReader::new(
+            meta,
+            ChunkFetcher {
+                store: self,
+                tenant: tenant.clone(),
+                addr,
+            },
+        )
     }
 
     /// The per-trace summaries of a block.
@@ -508,7 +595,13 @@ impl Store {
 
     /// Rows of a block whose `dim` equals `term` (see [`crate::schema`] for the dimensions;
     /// prefix a dedicated dimension with `trace:` for every row of the traces having it).
-    pub fn postings(&self, tenant: &TenantId, addr: BlockAddr, dim: &str, term: &str) -> Result<RoaringBitmap> {
+    pub fn postings(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        dim: &str,
+        term: &str,
+    ) -> Result<RoaringBitmap> {
         Ok(self
             .dimension(tenant, addr, dim)?
             .into_iter()
@@ -518,8 +611,16 @@ impl Store {
     }
 
     /// Every term of one dimension of a block with its rows.
-    pub fn dimension(&self, tenant: &TenantId, addr: BlockAddr, dim: &str) -> Result<Vec<(String, RoaringBitmap)>> {
-        match self.db.get_pinned_cf(self.cf(CF_DATA), keys::postings(tenant, addr, dim))? {
+    pub fn dimension(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        dim: &str,
+    ) -> Result<Vec<(String, RoaringBitmap)>> {
+        match self
+            .db
+            .get_pinned_cf(self.cf(CF_DATA), keys::postings(tenant, addr, dim))?
+        {
             Some(v) => decode_postings(&v),
             None => Ok(Vec::new()),
         }
@@ -528,7 +629,8 @@ impl Store {
     /// Compacts every column family (after a bulk load, before measuring size).
     pub fn compact(&self) {
         for cf in [CF_DATA, CF_META, CF_HEAD] {
-            self.db.compact_range_cf(self.cf(cf), None::<&[u8]>, None::<&[u8]>);
+            self.db
+                .compact_range_cf(self.cf(cf), None::<&[u8]>, None::<&[u8]>);
         }
     }
 
@@ -536,12 +638,21 @@ impl Store {
     pub fn rocksdb_property(&self, name: &str) -> u64 {
         [CF_DATA, CF_META, CF_HEAD]
             .iter()
-            .filter_map(|cf| self.db.property_int_value_cf(self.cf(cf), name).ok().flatten())
+            .filter_map(|cf| {
+                self.db
+                    .property_int_value_cf(self.cf(cf), name)
+                    .ok()
+                    .flatten()
+            })
             .sum()
     }
 
     pub fn pending_rows(&self) -> usize {
-        self.lock().tenants.values().map(TenantState::pending_rows).sum()
+        self.lock()
+            .tenants
+            .values()
+            .map(TenantState::pending_rows)
+            .sum()
     }
 
     pub fn block_count(&self) -> usize {
@@ -563,7 +674,7 @@ fn split_at_traces(mut rows: Vec<SpanRecord>, max: usize) -> Vec<Vec<SpanRecord>
     if rows.len() <= max {
         return vec![rows];
     }
-    rows.sort_by(|a, b| (a.trace_id, a.start).cmp(&(b.trace_id, b.start)));
+    rows.sort_by_key(|s| (s.trace_id, s.start));
     let mut parts = Vec::new();
     let mut current: Vec<SpanRecord> = Vec::new();
     for span in rows {
@@ -587,7 +698,11 @@ pub struct ChunkFetcher<'a> {
 impl ChunkSource for ChunkFetcher<'_> {
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
         let key = keys::chunk(&self.tenant, self.addr, column);
-        Ok(self.store.db.get_cf(self.store.cf(CF_DATA), key)?.map(Bytes::from))
+        Ok(self
+            .store
+            .db
+            .get_cf(self.store.cf(CF_DATA), key)?
+            .map(Bytes::from))
     }
 }
 

@@ -14,12 +14,20 @@ pub fn weft_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = dir.join("weft");
-    assert!(bin.exists(), "{} missing: run `cargo build -p weft-api` first or set WEFT_BIN", bin.display());
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p weft-api` first or set WEFT_BIN",
+        bin.display()
+    );
     bin
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running `weft serve`.
@@ -35,7 +43,14 @@ pub struct Weft {
 impl Weft {
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let mut w = Weft { child: None, dir: dir.to_owned(), grpc: String::new(), otlp: String::new(), http: String::new(), extra };
+        let mut w = Weft {
+            child: None,
+            dir: dir.to_owned(),
+            grpc: String::new(),
+            otlp: String::new(),
+            http: String::new(),
+            extra,
+        };
         w.spawn();
         w
     }
@@ -49,7 +64,14 @@ impl Weft {
             .arg("serve")
             .arg("--data-dir")
             .arg(&self.dir)
-            .args(["--otlp-grpc-listen", &format!("127.0.0.1:{g}"), "--otlp-http-listen", &format!("127.0.0.1:{o}"), "--http-listen", &format!("127.0.0.1:{h}")])
+            .args([
+                "--otlp-grpc-listen",
+                &format!("127.0.0.1:{g}"),
+                "--otlp-http-listen",
+                &format!("127.0.0.1:{o}"),
+                "--http-listen",
+                &format!("127.0.0.1:{h}"),
+            ])
             .args(&self.extra)
             .env("WEFT_LOG", "warn")
             .stdout(Stdio::null())
@@ -91,8 +113,14 @@ impl Weft {
 
     /// SIGTERM and wait; returns whether it exited successfully.
     pub fn terminate(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else { return true };
-        Command::new("kill").arg("-TERM").arg(c.id().to_string()).status().unwrap();
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
         c.wait().unwrap().success()
     }
 

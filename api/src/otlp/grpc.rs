@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use prost::Message;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 use weft_ingest::IngestError;
-use weft_ingest::otlp::{ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse};
+use weft_ingest::otlp::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 
 use super::status::{RpcStatus, retry_info};
 use crate::error::Class;
@@ -47,9 +51,15 @@ fn to_status(e: &IngestError) -> Status {
 
 #[tonic::async_trait]
 impl TraceService for TraceReceiver {
-    async fn export(&self, request: Request<ExportTraceServiceRequest>) -> Result<Response<ExportTraceServiceResponse>, Status> {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         let started = Instant::now();
-        let tenant_value = request.metadata().get(TENANT_HEADER).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+        let tenant_value = request
+            .metadata()
+            .get(TENANT_HEADER)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}"));
         let tenant = tenant_from(tenant_value).map_err(Status::invalid_argument)?;
         let req = request.into_inner();
         let size = req.encoded_len();
@@ -60,6 +70,8 @@ impl TraceService for TraceReceiver {
             rejected_spans: outcome.rejected as i64,
             error_message: outcome.error_message.unwrap_or_default(),
         });
-        Ok(Response::new(ExportTraceServiceResponse { partial_success }))
+        Ok(Response::new(ExportTraceServiceResponse {
+            partial_success,
+        }))
     }
 }

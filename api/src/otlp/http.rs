@@ -29,8 +29,16 @@ const PROTOBUF: &str = "application/x-protobuf";
 const JSON: &str = "application/json";
 
 fn format_of(headers: &HeaderMap) -> Result<Format, IngestError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match essence.as_str() {
         PROTOBUF => Ok(Format::Protobuf),
         JSON => Ok(Format::Json),
@@ -38,7 +46,11 @@ fn format_of(headers: &HeaderMap) -> Result<Format, IngestError> {
     }
 }
 
-async fn export_traces(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+async fn export_traces(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     let format = format_of(&headers);
     let answer_format = *format.as_ref().unwrap_or(&Format::Json);
@@ -54,16 +66,33 @@ async fn export_traces(State(state): State<SharedState>, headers: HeaderMap, bod
     response
 }
 
-async fn ingest(state: &SharedState, headers: &HeaderMap, body: Body, format: Format) -> Result<ExportOutcome, IngestError> {
+async fn ingest(
+    state: &SharedState,
+    headers: &HeaderMap,
+    body: Body,
+    format: Format,
+) -> Result<ExportOutcome, IngestError> {
     let limit = state.ingester.limits().max_body_bytes;
-    let tenant_header = headers.get(TENANT_HEADER).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let tenant_header = headers
+        .get(TENANT_HEADER)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
     let tenant = tenant_from(tenant_header).map_err(IngestError::InvalidTenant)?;
-    let encoding = body::Encoding::from_header(headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()))?;
+    let encoding = body::Encoding::from_header(
+        headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    )?;
     let raw = Limited::new(body, limit).collect().await.map_err(|e| {
         if e.downcast_ref::<LengthLimitError>().is_some() {
-            IngestError::TooLarge { size: limit + 1, limit }
+            IngestError::TooLarge {
+                size: limit + 1,
+                limit,
+            }
         } else {
-            IngestError::Undecodable { format: "http body", detail: e.to_string() }
+            IngestError::Undecodable {
+                format: "http body",
+                detail: e.to_string(),
+            }
         }
     })?;
     let decoded = body::decode(raw.to_bytes(), encoding, limit)?;
@@ -77,12 +106,17 @@ fn success(format: Format, outcome: &ExportOutcome) -> Response {
     });
     match format {
         Format::Protobuf => {
-            let body = ExportTraceServiceResponse { partial_success: partial }.encode_to_vec();
+            let body = ExportTraceServiceResponse {
+                partial_success: partial,
+            }
+            .encode_to_vec();
             ([(header::CONTENT_TYPE, PROTOBUF)], body).into_response()
         }
         Format::Json => {
             let body = match partial {
-                Some(p) => json!({ "partialSuccess": { "rejectedSpans": p.rejected_spans.to_string(), "errorMessage": p.error_message } }),
+                Some(p) => {
+                    json!({ "partialSuccess": { "rejectedSpans": p.rejected_spans.to_string(), "errorMessage": p.error_message } })
+                }
                 None => json!({}),
             };
             ([(header::CONTENT_TYPE, JSON)], body.to_string()).into_response()
@@ -101,7 +135,9 @@ fn failure(format: Format, e: &IngestError) -> Response {
         details: Vec::new(),
     };
     let mut response = match format {
-        Format::Protobuf => ([(header::CONTENT_TYPE, PROTOBUF)], status.encode_to_vec()).into_response(),
+        Format::Protobuf => {
+            ([(header::CONTENT_TYPE, PROTOBUF)], status.encode_to_vec()).into_response()
+        }
         Format::Json => {
             let body = json!({ "code": status.code, "message": status.message });
             ([(header::CONTENT_TYPE, JSON)], body.to_string()).into_response()
@@ -109,7 +145,9 @@ fn failure(format: Format, e: &IngestError) -> Response {
     };
     *response.status_mut() = class.http_status();
     if let Some(secs) = class.retry_after_secs() {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     if response.status() == StatusCode::OK {
         *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;

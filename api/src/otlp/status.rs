@@ -43,6 +43,9 @@ pub fn retry_info(ms: u64) -> Any {
     };
     Any {
         type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
-        value: RetryInfo { retry_delay: Some(delay) }.encode_to_vec(),
+        value: RetryInfo {
+            retry_delay: Some(delay),
+        }
+        .encode_to_vec(),
     }
 }

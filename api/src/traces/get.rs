@@ -13,11 +13,17 @@ use weft_storage::model::TraceId;
 use crate::error::ApiError;
 use crate::state::{SharedState, tenant};
 
-pub async fn trace_by_id(State(state): State<SharedState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn trace_by_id(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let tenant = tenant(&headers)?;
     if id.len() != 32 {
-        return Err(ApiError::BadRequest(format!("trace id {id:?} must be 32 hex characters")));
+        return Err(ApiError::BadRequest(format!(
+            "trace id {id:?} must be 32 hex characters"
+        )));
     }
     let trace = TraceId::from_hex(&id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let store = state.store.clone();
@@ -26,16 +32,29 @@ pub async fn trace_by_id(State(state): State<SharedState>, headers: HeaderMap, P
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     state.requests.api.observe(started.elapsed());
     if spans.is_empty() {
-        return Err(ApiError::NotFound(format!("trace {} not found", trace.to_hex())));
+        return Err(ApiError::NotFound(format!(
+            "trace {} not found",
+            trace.to_hex()
+        )));
     }
     let message = to_request(&spans);
     let wants_protobuf = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/x-protobuf") || v.contains("application/protobuf"));
+        .is_some_and(|v| {
+            v.contains("application/x-protobuf") || v.contains("application/protobuf")
+        });
     Ok(if wants_protobuf {
-        ([(header::CONTENT_TYPE, "application/x-protobuf")], message.encode_to_vec()).into_response()
+        (
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            message.encode_to_vec(),
+        )
+            .into_response()
     } else {
-        ([(header::CONTENT_TYPE, "application/json")], encode_request(&message).to_string()).into_response()
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            encode_request(&message).to_string(),
+        )
+            .into_response()
     })
 }

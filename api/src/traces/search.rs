@@ -24,25 +24,43 @@ fn bad(param: &str, detail: impl std::fmt::Display) -> ApiError {
 }
 
 pub fn parse_request(query: &str) -> Result<SearchRequest, ApiError> {
-    let mut req = SearchRequest { limit: 20, ..Default::default() };
+    let mut req = SearchRequest {
+        limit: 20,
+        ..Default::default()
+    };
     for (key, value) in form_pairs(query)? {
         match key.as_str() {
             "service" => req.service = Some(value),
             "name" => req.name = Some(value),
-            "min_duration" => req.min_duration_ns = Some(parse_duration(&value).map_err(|e| bad(&key, e))?.as_nanos() as u64),
-            "max_duration" => req.max_duration_ns = Some(parse_duration(&value).map_err(|e| bad(&key, e))?.as_nanos() as u64),
+            "min_duration" => {
+                req.min_duration_ns =
+                    Some(parse_duration(&value).map_err(|e| bad(&key, e))?.as_nanos() as u64)
+            }
+            "max_duration" => {
+                req.max_duration_ns =
+                    Some(parse_duration(&value).map_err(|e| bad(&key, e))?.as_nanos() as u64)
+            }
             "start" => req.start = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
             "end" => req.end = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
             "limit" => {
-                let n: usize = value.parse().map_err(|_| bad(&key, format!("{value:?} is not a number")))?;
+                let n: usize = value
+                    .parse()
+                    .map_err(|_| bad(&key, format!("{value:?} is not a number")))?;
                 if n == 0 || n > MAX_LIMIT {
                     return Err(bad(&key, format!("must be between 1 and {MAX_LIMIT}")));
                 }
                 req.limit = n;
             }
             "cursor" => req.cursor = Some(Cursor::decode(&value)?),
-            k if k.starts_with("attr.") && k.len() > 5 => req.attributes.push((k[5..].to_owned(), value)),
-            k => return Err(bad(k, "unknown parameter (use service, name, attr.KEY, min_duration, max_duration, start, end, limit, cursor)")),
+            k if k.starts_with("attr.") && k.len() > 5 => {
+                req.attributes.push((k[5..].to_owned(), value))
+            }
+            k => {
+                return Err(bad(
+                    k,
+                    "unknown parameter (use service, name, attr.KEY, min_duration, max_duration, start, end, limit, cursor)",
+                ));
+            }
         }
     }
     if let (Some(s), Some(e)) = (req.start, req.end)
@@ -73,8 +91,12 @@ fn decode(s: &str) -> Result<String, ApiError> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(hex.ok_or_else(|| ApiError::BadRequest(format!("bad percent-encoding in {s:?}")))?);
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(hex.ok_or_else(|| {
+                    ApiError::BadRequest(format!("bad percent-encoding in {s:?}"))
+                })?);
                 i += 2;
             }
             b => out.push(b),
@@ -84,7 +106,11 @@ fn decode(s: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| ApiError::BadRequest(format!("{s:?} is not UTF-8")))
 }
 
-pub async fn search(State(state): State<SharedState>, headers: HeaderMap, RawQuery(query): RawQuery) -> Result<Json<Value>, ApiError> {
+pub async fn search(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
     let tenant = tenant(&headers)?;
     let req = parse_request(query.as_deref().unwrap_or(""))?;
@@ -109,7 +135,9 @@ pub async fn search(State(state): State<SharedState>, headers: HeaderMap, RawQue
             })
         })
         .collect();
-    Ok(Json(json!({ "traces": traces, "next_cursor": page.next_cursor })))
+    Ok(Json(
+        json!({ "traces": traces, "next_cursor": page.next_cursor }),
+    ))
 }
 
 #[cfg(test)]
@@ -118,9 +146,12 @@ mod tests {
 
     #[test]
     fn parses_every_parameter() {
-        let r = parse_request("service=inference-engine&name=llm.generate&attr.llm.model_version=v2%2B1&min_duration=250ms&max_duration=2s&start=2026-11-30T00:00:00Z&end=1764470400000000001&limit=5").unwrap();
+        let r = parse_request("service=inference-engine&name=llm.generate&attr.llm.model_version=v2%2B1&min_duration=250ms&max_duration=2s&start=2026-11-30T00:00:00Z&end=2026-12-01T01:00:00%2B01:00&limit=5").unwrap();
         assert_eq!(r.service.as_deref(), Some("inference-engine"));
-        assert_eq!(r.attributes, vec![("llm.model_version".to_string(), "v2+1".to_string())]);
+        assert_eq!(
+            r.attributes,
+            vec![("llm.model_version".to_string(), "v2+1".to_string())]
+        );
         assert_eq!(r.min_duration_ns, Some(250_000_000));
         assert_eq!(r.max_duration_ns, Some(2_000_000_000));
         assert_eq!(r.limit, 5);
@@ -128,7 +159,13 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_named() {
-        for (q, param) in [("limit=0", "limit"), ("min_duration=fast", "min_duration"), ("start=soon", "start"), ("color=red", "color"), ("cursor=zz", "cursor")] {
+        for (q, param) in [
+            ("limit=0", "limit"),
+            ("min_duration=fast", "min_duration"),
+            ("start=soon", "start"),
+            ("color=red", "color"),
+            ("cursor=zz", "cursor"),
+        ] {
             let e = parse_request(q).unwrap_err().to_string();
             assert!(e.contains(param), "{q}: {e}");
         }

@@ -83,7 +83,10 @@ type Problem = (RejectReason, String);
 
 fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
     let id = TraceId::from_slice(bytes).ok_or_else(|| {
-        (RejectReason::InvalidId, format!("{field} must be 16 bytes, got {}", bytes.len()))
+        (
+            RejectReason::InvalidId,
+            format!("{field} must be 16 bytes, got {}", bytes.len()),
+        )
     })?;
     if id.is_zero() {
         return Err((RejectReason::InvalidId, format!("{field} is all zeros")));
@@ -93,7 +96,10 @@ fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
 
 fn span_id(bytes: &[u8], field: &str) -> Result<SpanId, Problem> {
     let id = SpanId::from_slice(bytes).ok_or_else(|| {
-        (RejectReason::InvalidId, format!("{field} must be 8 bytes, got {}", bytes.len()))
+        (
+            RejectReason::InvalidId,
+            format!("{field} must be 8 bytes, got {}", bytes.len()),
+        )
     })?;
     if id.is_zero() {
         return Err((RejectReason::InvalidId, format!("{field} is all zeros")));
@@ -101,7 +107,12 @@ fn span_id(bytes: &[u8], field: &str) -> Result<SpanId, Problem> {
     Ok(id)
 }
 
-fn span(s: Span, resource: &Arc<m::Resource>, scope: &Arc<m::Scope>, limits: SpanLimits) -> Result<SpanRecord, Problem> {
+fn span(
+    s: Span,
+    resource: &Arc<m::Resource>,
+    scope: &Arc<m::Scope>,
+    limits: SpanLimits,
+) -> Result<SpanRecord, Problem> {
     let trace = trace_id(&s.trace_id, "trace_id")?;
     let id = span_id(&s.span_id, "span_id")?;
     let parent = match s.parent_span_id.len() {
@@ -115,13 +126,25 @@ fn span(s: Span, resource: &Arc<m::Resource>, scope: &Arc<m::Scope>, limits: Spa
             "end_time_unix_nano is before start_time_unix_nano".to_owned(),
         ));
     }
-    let kind = u8::try_from(s.kind).ok().filter(|k| *k <= 5).ok_or_else(|| {
-        (RejectReason::InvalidEnum, format!("kind {} is not a SpanKind (0 to 5)", s.kind))
-    })?;
+    let kind = u8::try_from(s.kind)
+        .ok()
+        .filter(|k| *k <= 5)
+        .ok_or_else(|| {
+            (
+                RejectReason::InvalidEnum,
+                format!("kind {} is not a SpanKind (0 to 5)", s.kind),
+            )
+        })?;
     let status = s.status.unwrap_or_default();
-    let code = u8::try_from(status.code).ok().filter(|c| *c <= 2).ok_or_else(|| {
-        (RejectReason::InvalidEnum, format!("status.code {} is not a StatusCode (0 to 2)", status.code))
-    })?;
+    let code = u8::try_from(status.code)
+        .ok()
+        .filter(|c| *c <= 2)
+        .ok_or_else(|| {
+            (
+                RejectReason::InvalidEnum,
+                format!("status.code {} is not a StatusCode (0 to 2)", status.code),
+            )
+        })?;
     let check = |kvs: &[KeyValue], field: &str| -> Result<(), Problem> {
         for kv in kvs {
             let size = kv.value.as_ref().map_or(0, value_bytes);

@@ -9,9 +9,12 @@ use weft_storage::model::{self as m, SpanRecord};
 
 use super::ExportTraceServiceRequest;
 
+/// Spans of one resource, by scope.
+type ResourceGroup<'a> = (&'a m::Resource, Vec<(&'a m::Scope, Vec<Span>)>);
+
 /// Builds an OTLP message from spans, grouping spans that share a resource and a scope.
 pub fn to_request(spans: &[SpanRecord]) -> ExportTraceServiceRequest {
-    let mut groups: Vec<(&m::Resource, Vec<(&m::Scope, Vec<Span>)>)> = Vec::new();
+    let mut groups: Vec<ResourceGroup<'_>> = Vec::new();
     for s in spans {
         let gi = match groups.iter().position(|(r, _)| *r == &*s.resource) {
             Some(i) => i,

@@ -42,7 +42,11 @@ type R<T> = Result<T, String>;
 
 fn err<T>(path: &Path<'_>, msg: impl fmt::Display) -> R<T> {
     let place = path.to_string();
-    Err(if place.is_empty() { msg.to_string() } else { format!("{place}: {msg}") })
+    Err(if place.is_empty() {
+        msg.to_string()
+    } else {
+        format!("{place}: {msg}")
+    })
 }
 
 fn kind_of(v: &J) -> &'static str {
@@ -66,7 +70,10 @@ impl<'a, 'p> Obj<'a, 'p> {
     fn new(v: &'a J, path: &'p Path<'p>) -> R<Self> {
         match v {
             J::Object(map) => Ok(Self { map, path }),
-            other => err(path, format_args!("expected an object, got {}", kind_of(other))),
+            other => err(
+                path,
+                format_args!("expected an object, got {}", kind_of(other)),
+            ),
         }
     }
 
@@ -81,7 +88,10 @@ impl<'a, 'p> Obj<'a, 'p> {
         match self.get(camel, snake) {
             None => Ok(String::new()),
             Some((J::String(s), _)) => Ok(s.clone()),
-            Some((other, name)) => err(&Path::Field(self.path, name), format_args!("expected a string, got {}", kind_of(other))),
+            Some((other, name)) => err(
+                &Path::Field(self.path, name),
+                format_args!("expected a string, got {}", kind_of(other)),
+            ),
         }
     }
 
@@ -94,7 +104,12 @@ impl<'a, 'p> Obj<'a, 'p> {
 
     fn u32(&self, camel: &'static str, snake: &'static str) -> R<u32> {
         let v = self.u64(camel, snake)?;
-        u32::try_from(v).or_else(|_| err(&Path::Field(self.path, camel), format_args!("{v} does not fit in 32 bits")))
+        u32::try_from(v).or_else(|_| {
+            err(
+                &Path::Field(self.path, camel),
+                format_args!("{v} does not fit in 32 bits"),
+            )
+        })
     }
 
     fn enumeration(&self, camel: &'static str, names: &[&str]) -> R<i32> {
@@ -106,7 +121,8 @@ impl<'a, 'p> Obj<'a, 'p> {
             Some((v, name)) => {
                 let path = Path::Field(self.path, name);
                 let n = uint(v, &path)?;
-                i32::try_from(n).or_else(|_| err(&path, format_args!("enum value {n} out of range")))
+                i32::try_from(n)
+                    .or_else(|_| err(&path, format_args!("enum value {n} out of range")))
             }
         }
     }
@@ -115,9 +131,15 @@ impl<'a, 'p> Obj<'a, 'p> {
         match self.get(camel, snake) {
             None => Ok(Vec::new()),
             Some((J::String(s), name)) => hex::decode(s).or_else(|_| {
-                err(&Path::Field(self.path, name), format_args!("{s:?} is not a hex string"))
+                err(
+                    &Path::Field(self.path, name),
+                    format_args!("{s:?} is not a hex string"),
+                )
             }),
-            Some((other, name)) => err(&Path::Field(self.path, name), format_args!("expected a hex string, got {}", kind_of(other))),
+            Some((other, name)) => err(
+                &Path::Field(self.path, name),
+                format_args!("expected a hex string, got {}", kind_of(other)),
+            ),
         }
     }
 
@@ -131,13 +153,25 @@ impl<'a, 'p> Obj<'a, 'p> {
             None => Ok(Vec::new()),
             Some((J::Array(items), name)) => {
                 let field = Path::Field(self.path, name);
-                items.iter().enumerate().map(|(i, v)| each(v, &Path::Index(&field, i))).collect()
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| each(v, &Path::Index(&field, i)))
+                    .collect()
             }
-            Some((other, name)) => err(&Path::Field(self.path, name), format_args!("expected an array, got {}", kind_of(other))),
+            Some((other, name)) => err(
+                &Path::Field(self.path, name),
+                format_args!("expected an array, got {}", kind_of(other)),
+            ),
         }
     }
 
-    fn object<T>(&self, camel: &'static str, snake: &'static str, f: impl Fn(&J, &Path<'_>) -> R<T>) -> R<Option<T>> {
+    fn object<T>(
+        &self,
+        camel: &'static str,
+        snake: &'static str,
+        f: impl Fn(&J, &Path<'_>) -> R<T>,
+    ) -> R<Option<T>> {
         match self.get(camel, snake) {
             None => Ok(None),
             Some((v, name)) => f(v, &Path::Field(self.path, name)).map(Some),
@@ -147,17 +181,39 @@ impl<'a, 'p> Obj<'a, 'p> {
 
 fn uint(v: &J, path: &Path<'_>) -> R<u64> {
     match v {
-        J::Number(n) => n.as_u64().map_or_else(|| err(path, format_args!("{n} is not a non-negative integer")), Ok),
-        J::String(s) => s.parse().or_else(|_| err(path, format_args!("{s:?} is not a non-negative integer"))),
-        other => err(path, format_args!("expected an integer or a decimal string, got {}", kind_of(other))),
+        J::Number(n) => n.as_u64().map_or_else(
+            || err(path, format_args!("{n} is not a non-negative integer")),
+            Ok,
+        ),
+        J::String(s) => s
+            .parse()
+            .or_else(|_| err(path, format_args!("{s:?} is not a non-negative integer"))),
+        other => err(
+            path,
+            format_args!(
+                "expected an integer or a decimal string, got {}",
+                kind_of(other)
+            ),
+        ),
     }
 }
 
 fn int(v: &J, path: &Path<'_>) -> R<i64> {
     match v {
-        J::Number(n) => n.as_i64().map_or_else(|| err(path, format_args!("{n} is not a 64-bit integer")), Ok),
-        J::String(s) => s.parse().or_else(|_| err(path, format_args!("{s:?} is not a 64-bit integer"))),
-        other => err(path, format_args!("expected an integer or a decimal string, got {}", kind_of(other))),
+        J::Number(n) => n.as_i64().map_or_else(
+            || err(path, format_args!("{n} is not a 64-bit integer")),
+            Ok,
+        ),
+        J::String(s) => s
+            .parse()
+            .or_else(|_| err(path, format_args!("{s:?} is not a 64-bit integer"))),
+        other => err(
+            path,
+            format_args!(
+                "expected an integer or a decimal string, got {}",
+                kind_of(other)
+            ),
+        ),
     }
 }
 
@@ -168,9 +224,14 @@ fn double(v: &J, path: &Path<'_>) -> R<f64> {
             "NaN" => Ok(f64::NAN),
             "Infinity" => Ok(f64::INFINITY),
             "-Infinity" => Ok(f64::NEG_INFINITY),
-            _ => s.parse().or_else(|_| err(path, format_args!("{s:?} is not a number"))),
+            _ => s
+                .parse()
+                .or_else(|_| err(path, format_args!("{s:?} is not a number"))),
         },
-        other => err(path, format_args!("expected a number, got {}", kind_of(other))),
+        other => err(
+            path,
+            format_args!("expected a number, got {}", kind_of(other)),
+        ),
     }
 }
 
@@ -181,12 +242,22 @@ fn any_value(v: &J, path: &Path<'_>) -> R<AnyValue> {
         let p = Path::Field(path, name);
         match v {
             J::String(s) => Some(V::StringValue(s.clone())),
-            other => return err(&p, format_args!("expected a string, got {}", kind_of(other))),
+            other => {
+                return err(
+                    &p,
+                    format_args!("expected a string, got {}", kind_of(other)),
+                );
+            }
         }
     } else if let Some((v, name)) = o.get("boolValue", "bool_value") {
         match v {
             J::Bool(b) => Some(V::BoolValue(*b)),
-            other => return err(&Path::Field(path, name), format_args!("expected a boolean, got {}", kind_of(other))),
+            other => {
+                return err(
+                    &Path::Field(path, name),
+                    format_args!("expected a boolean, got {}", kind_of(other)),
+                );
+            }
         }
     } else if let Some((v, name)) = o.get("intValue", "int_value") {
         Some(V::IntValue(int(v, &Path::Field(path, name))?))
@@ -195,19 +266,25 @@ fn any_value(v: &J, path: &Path<'_>) -> R<AnyValue> {
     } else if let Some((v, name)) = o.get("bytesValue", "bytes_value") {
         let p = Path::Field(path, name);
         match v {
-            J::String(s) => Some(V::BytesValue(BASE64.decode(s).or_else(|_| err(&p, "not valid base64"))?)),
-            other => return err(&p, format_args!("expected a base64 string, got {}", kind_of(other))),
+            J::String(s) => Some(V::BytesValue(
+                BASE64.decode(s).or_else(|_| err(&p, "not valid base64"))?,
+            )),
+            other => {
+                return err(
+                    &p,
+                    format_args!("expected a base64 string, got {}", kind_of(other)),
+                );
+            }
         }
     } else if let Some(a) = o.object("arrayValue", "array_value", |v, p| {
         Obj::new(v, p)?.array("values", "values", any_value)
     })? {
         Some(V::ArrayValue(ArrayValue { values: a }))
-    } else if let Some(kv) = o.object("kvlistValue", "kvlist_value", |v, p| {
-        Obj::new(v, p)?.array("values", "values", key_value)
-    })? {
-        Some(V::KvlistValue(KeyValueList { values: kv }))
     } else {
-        None
+        o.object("kvlistValue", "kvlist_value", |v, p| {
+            Obj::new(v, p)?.array("values", "values", key_value)
+        })?
+        .map(|values| V::KvlistValue(KeyValueList { values }))
     };
     Ok(AnyValue { value })
 }
@@ -255,7 +332,8 @@ fn decode_span(v: &J, path: &Path<'_>) -> R<Span> {
                 time_unix_nano: e.u64("timeUnixNano", "time_unix_nano")?,
                 name: e.string("name", "name")?,
                 attributes: attrs(&e)?,
-                dropped_attributes_count: e.u32("droppedAttributesCount", "dropped_attributes_count")?,
+                dropped_attributes_count: e
+                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
             })
         })?,
         dropped_events_count: o.u32("droppedEventsCount", "dropped_events_count")?,
@@ -266,7 +344,8 @@ fn decode_span(v: &J, path: &Path<'_>) -> R<Span> {
                 span_id: l.hex("spanId", "span_id")?,
                 trace_state: l.string("traceState", "trace_state")?,
                 attributes: attrs(&l)?,
-                dropped_attributes_count: l.u32("droppedAttributesCount", "dropped_attributes_count")?,
+                dropped_attributes_count: l
+                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
                 flags: l.u32("flags", "flags")?,
             })
         })?,
@@ -290,7 +369,8 @@ fn decode_scope_spans(v: &J, path: &Path<'_>) -> R<ScopeSpans> {
                 name: s.string("name", "name")?,
                 version: s.string("version", "version")?,
                 attributes: attrs(&s)?,
-                dropped_attributes_count: s.u32("droppedAttributesCount", "dropped_attributes_count")?,
+                dropped_attributes_count: s
+                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
             })
         })?,
         spans: o.array("spans", "spans", decode_span)?,
@@ -305,7 +385,8 @@ fn decode_resource_spans(v: &J, path: &Path<'_>) -> R<ResourceSpans> {
             let r = Obj::new(v, p)?;
             Ok(Resource {
                 attributes: attrs(&r)?,
-                dropped_attributes_count: r.u32("droppedAttributesCount", "dropped_attributes_count")?,
+                dropped_attributes_count: r
+                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
                 entity_refs: Vec::new(),
             })
         })?,
@@ -316,7 +397,10 @@ fn decode_resource_spans(v: &J, path: &Path<'_>) -> R<ResourceSpans> {
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest`.
 pub fn decode_request(bytes: &[u8]) -> Result<ExportTraceServiceRequest, IngestError> {
-    let undecodable = |detail: String| IngestError::Undecodable { format: "OTLP/JSON", detail };
+    let undecodable = |detail: String| IngestError::Undecodable {
+        format: "OTLP/JSON",
+        detail,
+    };
     let doc: J = serde_json::from_slice(bytes).map_err(|e| undecodable(e.to_string()))?;
     let root = Path::Root;
     let o = Obj::new(&doc, &root).map_err(undecodable)?;
@@ -335,12 +419,22 @@ fn encode_value(v: &AnyValue) -> J {
         Some(V::IntValue(i)) => json!({ "intValue": i.to_string() }),
         Some(V::DoubleValue(d)) if d.is_finite() => json!({ "doubleValue": d }),
         Some(V::DoubleValue(d)) => {
-            let s = if d.is_nan() { "NaN" } else if *d > 0.0 { "Infinity" } else { "-Infinity" };
+            let s = if d.is_nan() {
+                "NaN"
+            } else if *d > 0.0 {
+                "Infinity"
+            } else {
+                "-Infinity"
+            };
             json!({ "doubleValue": s })
         }
         Some(V::BytesValue(b)) => json!({ "bytesValue": BASE64.encode(b) }),
-        Some(V::ArrayValue(a)) => json!({ "arrayValue": { "values": a.values.iter().map(encode_value).collect::<Vec<_>>() } }),
-        Some(V::KvlistValue(kv)) => json!({ "kvlistValue": { "values": encode_attrs(&kv.values) } }),
+        Some(V::ArrayValue(a)) => {
+            json!({ "arrayValue": { "values": a.values.iter().map(encode_value).collect::<Vec<_>>() } })
+        }
+        Some(V::KvlistValue(kv)) => {
+            json!({ "kvlistValue": { "values": encode_attrs(&kv.values) } })
+        }
         Some(V::StringValueStrindex(i)) => json!({ "stringValueStrindex": i }),
     }
 }
@@ -452,26 +546,45 @@ mod tests {
     fn decodes_the_specification_shapes() {
         let req = decode_request(SAMPLE.as_bytes()).unwrap();
         let span = &req.resource_spans[0].scope_spans[0].spans[0];
-        assert_eq!(hex::encode(&span.trace_id), "5b8efff798038103d269b633813fc60c");
+        assert_eq!(
+            hex::encode(&span.trace_id),
+            "5b8efff798038103d269b633813fc60c"
+        );
         assert_eq!(span.start_time_unix_nano, 1_544_712_660_000_000_000);
         assert_eq!(span.end_time_unix_nano, 1_544_712_661_000_000_000);
         assert_eq!(span.kind, 3);
         assert_eq!(span.status.as_ref().unwrap().code, 2);
         assert_eq!(span.attributes.len(), 4);
         let again = decode_request(encode_request(&req).to_string().as_bytes()).unwrap();
-        assert_eq!(again.resource_spans[0].scope_spans[0].spans[0].attributes[0], span.attributes[0]);
+        assert_eq!(
+            again.resource_spans[0].scope_spans[0].spans[0].attributes[0],
+            span.attributes[0]
+        );
     }
 
     #[test]
     fn wrong_types_name_the_path() {
-        let bad = SAMPLE.replace(r#""startTimeUnixNano":"1544712660000000000""#, r#""startTimeUnixNano":{"x":1}"#);
+        let bad = SAMPLE.replace(
+            r#""startTimeUnixNano":"1544712660000000000""#,
+            r#""startTimeUnixNano":{"x":1}"#,
+        );
         let e = decode_request(bad.as_bytes()).unwrap_err().to_string();
-        assert!(e.contains("resourceSpans[0].scopeSpans[0].spans[0].startTimeUnixNano"), "{e}");
-        let e = decode_request(br#"{"resourceSpans": 3}"#).unwrap_err().to_string();
-        assert!(e.contains("resourceSpans: expected an array, got a number"), "{e}");
+        assert!(
+            e.contains("resourceSpans[0].scopeSpans[0].spans[0].startTimeUnixNano"),
+            "{e}"
+        );
+        let e = decode_request(br#"{"resourceSpans": 3}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resourceSpans: expected an array, got a number"),
+            "{e}"
+        );
         let e = decode_request(br#"[1]"#).unwrap_err().to_string();
         assert!(e.contains("expected an object"), "{e}");
-        let e = decode_request(b"{\"resourceSpans\":[").unwrap_err().to_string();
+        let e = decode_request(b"{\"resourceSpans\":[")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("OTLP/JSON"), "{e}");
     }
 }

@@ -120,7 +120,12 @@ impl BlockMeta {
                 0 => ColumnKind::Core,
                 1 => ColumnKind::Dedicated,
                 2 => ColumnKind::Dynamic,
-                k => return Err(StorageError::corrupt("block meta", format!("column kind {k}"))),
+                k => {
+                    return Err(StorageError::corrupt(
+                        "block meta",
+                        format!("column kind {k}"),
+                    ));
+                }
             };
             columns.push(ColumnMeta {
                 name,
@@ -280,7 +285,11 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
 /// Decodes a column chunk, optionally only the selected rows (only their pages are read).
 pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<ArrayRef> {
     // Only the offset index (page locations) is written; it lets a selection skip pages.
-    let policy = if selection.is_some() { PageIndexPolicy::Optional } else { PageIndexPolicy::Skip };
+    let policy = if selection.is_some() {
+        PageIndexPolicy::Optional
+    } else {
+        PageIndexPolicy::Skip
+    };
     let options = ArrowReaderOptions::new().with_offset_index_policy(policy);
     let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
     let rows = builder.metadata().file_metadata().num_rows().max(1) as usize;
@@ -313,7 +322,11 @@ mod tests {
         let values: Vec<i64> = (0..20_000).map(|i| i * 25_000_000 + (i % 7)).collect();
         let array: ArrayRef = Arc::new(Int64Array::from(values.clone()));
         let bytes = Bytes::from(encode_chunk(&array, Enc::Delta).unwrap());
-        assert!(bytes.len() < values.len() * 3, "delta encoding should compress: {}", bytes.len());
+        assert!(
+            bytes.len() < values.len() * 3,
+            "delta encoding should compress: {}",
+            bytes.len()
+        );
         let whole = decode_chunk(bytes.clone(), None).unwrap();
         assert_eq!(whole.as_ref(), array.as_ref());
         let sel = RowSelection::from(vec![RowSelector::skip(9000), RowSelector::select(3)]);
@@ -324,7 +337,12 @@ mod tests {
 
     #[test]
     fn dictionary_strings_with_nulls_round_trip() {
-        let array: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("a"), Some("b")]));
+        let array: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("a"),
+            None,
+            Some("a"),
+            Some("b"),
+        ]));
         let bytes = Bytes::from(encode_chunk(&array, Enc::Dict).unwrap());
         assert_eq!(decode_chunk(bytes, None).unwrap().as_ref(), array.as_ref());
     }
@@ -355,9 +373,15 @@ mod tests {
         }];
         assert_eq!(decode_traces(&encode_traces(&traces)).unwrap(), traces);
         let postings = vec![("v1".to_string(), RoaringBitmap::from_iter([1u32, 5, 9]))];
-        assert_eq!(decode_postings(&encode_postings(&postings).unwrap()).unwrap(), postings);
+        assert_eq!(
+            decode_postings(&encode_postings(&postings).unwrap()).unwrap(),
+            postings
+        );
         let mut bad = meta.encode();
         bad[0] = 9;
-        assert!(matches!(BlockMeta::decode(&bad), Err(StorageError::UnsupportedVersion { .. })));
+        assert!(matches!(
+            BlockMeta::decode(&bad),
+            Err(StorageError::UnsupportedVersion { .. })
+        ));
     }
 }

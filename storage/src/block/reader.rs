@@ -71,9 +71,12 @@ pub struct BlockReader<'a, S: ChunkSource> {
 }
 
 fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
-    a.as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| StorageError::corrupt("column chunk", format!("{column}: unexpected type {}", a.data_type())))
+    a.as_any().downcast_ref::<T>().ok_or_else(|| {
+        StorageError::corrupt(
+            "column chunk",
+            format!("{column}: unexpected type {}", a.data_type()),
+        )
+    })
 }
 
 impl<'a, S: ChunkSource> BlockReader<'a, S> {
@@ -86,13 +89,15 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if self.meta.column(name).is_none() {
             return Ok(None);
         }
-        let bytes = self
-            .source
-            .chunk(name)?
-            .ok_or_else(|| StorageError::corrupt("block", format!("column chunk {name} missing")))?;
+        let bytes = self.source.chunk(name)?.ok_or_else(|| {
+            StorageError::corrupt("block", format!("column chunk {name} missing"))
+        })?;
         let array = decode_chunk(bytes, rows.selection(self.meta.rows))?;
         if array.len() != rows.len(self.meta.rows) {
-            return Err(StorageError::corrupt("column chunk", format!("{name}: wrong row count")));
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!("{name}: wrong row count"),
+            ));
         }
         Ok(Some(array))
     }
@@ -106,14 +111,18 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     pub fn trace_ids(&self, rows: &Rows) -> Result<Vec<TraceId>> {
         let a = self.required(col::TRACE_ID, rows)?;
         let a = downcast::<FixedSizeBinaryArray>(&a, col::TRACE_ID)?;
-        Ok(a.iter().map(|v| TraceId::from_slice(v.unwrap_or_default()).unwrap_or_default()).collect())
+        Ok(a.iter()
+            .map(|v| TraceId::from_slice(v.unwrap_or_default()).unwrap_or_default())
+            .collect())
     }
 
     /// Span ids of the given rows.
     pub fn span_ids(&self, rows: &Rows) -> Result<Vec<SpanId>> {
         let a = self.required(col::SPAN_ID, rows)?;
         let a = downcast::<FixedSizeBinaryArray>(&a, col::SPAN_ID)?;
-        Ok(a.iter().map(|v| SpanId::from_slice(v.unwrap_or_default()).unwrap_or_default()).collect())
+        Ok(a.iter()
+            .map(|v| SpanId::from_slice(v.unwrap_or_default()).unwrap_or_default())
+            .collect())
     }
 
     /// An int64 core column (start time, duration, …).
@@ -124,21 +133,35 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 
     /// An attribute column's values for the given rows; `None` when the block lacks it.
     pub fn attribute_values(&self, name: &str, rows: &Rows) -> Result<Option<Vec<Option<Value>>>> {
-        let Some(meta) = self.meta.column(name) else { return Ok(None) };
-        let ty = meta.ty.ok_or_else(|| StorageError::corrupt("block meta", format!("{name} has no type")))?;
-        let Some(array) = self.column(name, rows)? else { return Ok(None) };
-        let c = AttrColumn { key: String::new(), dedicated: None, ty, array };
+        let Some(meta) = self.meta.column(name) else {
+            return Ok(None);
+        };
+        let ty = meta
+            .ty
+            .ok_or_else(|| StorageError::corrupt("block meta", format!("{name} has no type")))?;
+        let Some(array) = self.column(name, rows)? else {
+            return Ok(None);
+        };
+        let c = AttrColumn {
+            key: String::new(),
+            dedicated: None,
+            ty,
+            array,
+        };
         Ok(Some((0..c.array.len()).map(|i| c.value(i)).collect()))
     }
 
     /// A binary column's values for the given rows; `None` when the block lacks it.
     pub fn blobs(&self, name: &str, rows: &Rows) -> Result<Option<Vec<Option<Vec<u8>>>>> {
-        let Some(array) = self.column(name, rows)? else { return Ok(None) };
+        let Some(array) = self.column(name, rows)? else {
+            return Ok(None);
+        };
         let a = downcast::<BinaryArray>(&array, name)?;
         Ok(Some(a.iter().map(|v| v.map(<[u8]>::to_vec)).collect()))
     }
 
     /// Whole spans for the given rows; long values only when asked for.
+    #[allow(clippy::needless_range_loop)] // one row index across many columns
     pub fn spans(&self, rows: &Rows, with_long: bool) -> Result<Vec<SpanRecord>> {
         let get = |name: &str| self.required(name, rows);
         let trace_ids = get(col::TRACE_ID)?;
@@ -152,7 +175,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let events = get(col::EVENTS)?;
         let links = get(col::LINKS)?;
         let other = get(col::ATTRIBUTES_OTHER)?;
-        let long = if with_long { Some(get(col::LONG_VALUES)?) } else { None };
+        let long = if with_long {
+            Some(get(col::LONG_VALUES)?)
+        } else {
+            None
+        };
         let int_names = [
             col::FLAGS,
             col::KIND,
@@ -181,7 +208,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let events = downcast::<BinaryArray>(&events, col::EVENTS)?;
         let links = downcast::<BinaryArray>(&links, col::LINKS)?;
         let other = downcast::<BinaryArray>(&other, col::ATTRIBUTES_OTHER)?;
-        let long = long.as_ref().map(|l| downcast::<BinaryArray>(l, col::LONG_VALUES)).transpose()?;
+        let long = long
+            .as_ref()
+            .map(|l| downcast::<BinaryArray>(l, col::LONG_VALUES))
+            .transpose()?;
 
         let mut shared = SharedDecoder::default();
         let mut out = Vec::with_capacity(trace_ids.len());
@@ -190,7 +220,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             let mut attributes = Vec::new();
             for c in &attr_cols {
                 if let Some(v) = c.value(i) {
-                    let key = match (c.dedicated, alias_mask & (1 << c.dedicated.unwrap_or(0)) != 0) {
+                    let key = match (
+                        c.dedicated,
+                        alias_mask & (1 << c.dedicated.unwrap_or(0)) != 0,
+                    ) {
                         (Some(d), true) => DEDICATED[d].alias.unwrap_or(DEDICATED[d].name),
                         _ => c.key.as_str(),
                     };
@@ -206,7 +239,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             out.push(SpanRecord {
                 trace_id: TraceId::from_slice(trace_ids.value(i)).unwrap_or_default(),
                 span_id: SpanId::from_slice(span_ids.value(i)).unwrap_or_default(),
-                parent_span_id: parents.is_valid(i).then(|| SpanId::from_slice(parents.value(i)).unwrap_or_default()),
+                parent_span_id: parents
+                    .is_valid(i)
+                    .then(|| SpanId::from_slice(parents.value(i)).unwrap_or_default()),
                 trace_state: trace_state.value(i).to_owned(),
                 flags: ints[0][i] as u32,
                 name: names.value(i).to_owned(),
@@ -239,11 +274,15 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 }
                 ColumnKind::Dynamic => (&c.name[col::DYNAMIC_PREFIX.len()..], None),
             };
-            let Some(array) = self.column(&c.name, rows)? else { continue };
+            let Some(array) = self.column(&c.name, rows)? else {
+                continue;
+            };
             out.push(AttrColumn {
                 key: key.to_owned(),
                 dedicated,
-                ty: c.ty.ok_or_else(|| StorageError::corrupt("block meta", format!("{} has no type", c.name)))?,
+                ty: c.ty.ok_or_else(|| {
+                    StorageError::corrupt("block meta", format!("{} has no type", c.name))
+                })?,
                 array,
             });
         }
@@ -256,7 +295,11 @@ fn blob_or_default<T: Default>(
     i: usize,
     read: impl FnOnce(&mut Reader<'_>) -> Result<T>,
 ) -> Result<T> {
-    if a.is_valid(i) { read(&mut Reader::new(a.value(i))) } else { Ok(T::default()) }
+    if a.is_valid(i) {
+        read(&mut Reader::new(a.value(i)))
+    } else {
+        Ok(T::default())
+    }
 }
 
 struct AttrColumn {
@@ -273,14 +316,26 @@ impl AttrColumn {
         }
         let a = &self.array;
         Some(match self.ty {
-            ColumnType::Str => Value::Str(a.as_any().downcast_ref::<StringArray>()?.value(i).to_owned()),
+            ColumnType::Str => Value::Str(
+                a.as_any()
+                    .downcast_ref::<StringArray>()?
+                    .value(i)
+                    .to_owned(),
+            ),
             ColumnType::Int => Value::Int(a.as_any().downcast_ref::<Int64Array>()?.value(i)),
-            ColumnType::Double => Value::Double(a.as_any().downcast_ref::<Float64Array>()?.value(i)),
+            ColumnType::Double => {
+                Value::Double(a.as_any().downcast_ref::<Float64Array>()?.value(i))
+            }
             ColumnType::Bool => Value::Bool(a.as_any().downcast_ref::<BooleanArray>()?.value(i)),
             ColumnType::StrList => {
                 let list = a.as_any().downcast_ref::<ListArray>()?.value(i);
                 let strings = list.as_string::<i32>();
-                Value::Array(strings.iter().map(|s| Value::Str(s.unwrap_or_default().to_owned())).collect())
+                Value::Array(
+                    strings
+                        .iter()
+                        .map(|s| Value::Str(s.unwrap_or_default().to_owned()))
+                        .collect(),
+                )
             }
         })
     }

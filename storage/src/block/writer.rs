@@ -174,7 +174,9 @@ fn choose_dynamic(rows: &[SpanRecord]) -> Vec<(String, ColumnType)> {
     let mut keys: Vec<_> = best.into_iter().collect();
     keys.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
     keys.truncate(MAX_DYNAMIC_COLUMNS);
-    keys.into_iter().map(|(k, (_, ty))| (k.to_owned(), ty)).collect()
+    keys.into_iter()
+        .map(|(k, (_, ty))| (k.to_owned(), ty))
+        .collect()
 }
 
 /// The postings being built: dimension -> term -> rows.
@@ -211,14 +213,16 @@ impl Postings {
 
 /// Sorts `rows` by (trace, start, span) and builds the block.
 pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
-    rows.sort_by(|a, b| {
-        (a.trace_id, a.start, a.span_id).cmp(&(b.trace_id, b.start, b.span_id))
-    });
+    rows.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
     let dynamic = choose_dynamic(&rows);
-    let dynamic_index: HashMap<&str, usize> =
-        dynamic.iter().enumerate().map(|(i, (k, _))| (k.as_str(), i)).collect();
+    let dynamic_index: HashMap<&str, usize> = dynamic
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (k.as_str(), i))
+        .collect();
     let mut dedicated: Vec<AttrColumn> = DEDICATED.iter().map(|d| AttrColumn::new(d.ty)).collect();
-    let mut dynamic_cols: Vec<AttrColumn> = dynamic.iter().map(|(_, ty)| AttrColumn::new(*ty)).collect();
+    let mut dynamic_cols: Vec<AttrColumn> =
+        dynamic.iter().map(|(_, ty)| AttrColumn::new(*ty)).collect();
 
     let n = rows.len();
     let mut trace_ids = FixedSizeBinaryBuilder::with_capacity(n, 16);
@@ -235,7 +239,9 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
     let mut other = BinaryBuilder::new();
     let mut long = BinaryBuilder::new();
     let int_cols = 9;
-    let mut ints: Vec<Int64Builder> = (0..int_cols).map(|_| Int64Builder::with_capacity(n)).collect();
+    let mut ints: Vec<Int64Builder> = (0..int_cols)
+        .map(|_| Int64Builder::with_capacity(n))
+        .collect();
     let mut postings = Postings::default();
     let mut enc_cache: HashMap<*const (), Vec<u8>> = HashMap::new();
 
@@ -263,31 +269,35 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
                 w.buf
             });
         resources.append_value(&*resource);
-        let scope = enc_cache.entry(Arc::as_ptr(&span.scope).cast()).or_insert_with(|| {
-            let mut w = Writer::default();
-            w.scope(&span.scope);
-            w.buf
-        });
+        let scope = enc_cache
+            .entry(Arc::as_ptr(&span.scope).cast())
+            .or_insert_with(|| {
+                let mut w = Writer::default();
+                w.scope(&span.scope);
+                w.buf
+            });
         scopes.append_value(&*scope);
-        append_blob(&mut events, span.events.is_empty(), |w| w.events(&span.events));
+        append_blob(&mut events, span.events.is_empty(), |w| {
+            w.events(&span.events)
+        });
         append_blob(&mut links, span.links.is_empty(), |w| w.links(&span.links));
 
         let mut alias_mask = 0i64;
         let mut rest: Vec<&KeyValue> = Vec::new();
         let mut longs: Vec<&KeyValue> = Vec::new();
         for kv in &span.attributes {
-            if let Some((i, via_alias)) = dedicated_for(&kv.key) {
-                if dedicated[i].offer(&kv.value) {
-                    if via_alias {
-                        alias_mask |= 1 << i;
-                    }
-                    if DEDICATED[i].indexed
-                        && let Some(term) = kv.value.as_term()
-                    {
-                        postings.add(DEDICATED[i].name, term, row);
-                    }
-                    continue;
+            if let Some((i, via_alias)) = dedicated_for(&kv.key)
+                && dedicated[i].offer(&kv.value)
+            {
+                if via_alias {
+                    alias_mask |= 1 << i;
                 }
+                if DEDICATED[i].indexed
+                    && let Some(term) = kv.value.as_term()
+                {
+                    postings.add(DEDICATED[i].name, term, row);
+                }
+                continue;
             }
             if is_long(&kv.key, &kv.value) {
                 longs.push(kv);
@@ -325,7 +335,9 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
     let traces = trace_entries(&rows);
     add_inherited_postings(&mut postings, &rows, &traces);
 
-    let mut ints = ints.into_iter().map(|mut b| Arc::new(b.finish()) as ArrayRef);
+    let mut ints = ints
+        .into_iter()
+        .map(|mut b| Arc::new(b.finish()) as ArrayRef);
     let mut next_int = || ints.next().expect("int column");
     let core: Vec<(&str, ArrayRef, Enc)> = vec![
         (col::TRACE_ID, Arc::new(trace_ids.finish()), Enc::Dict),
@@ -343,7 +355,11 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
         (col::ALIAS_MASK, next_int(), Enc::Dict),
         (col::NAME, Arc::new(names.finish()), Enc::Dict),
         (col::SERVICE, Arc::new(services.finish()), Enc::Dict),
-        (col::STATUS_MESSAGE, Arc::new(status_message.finish()), Enc::Dict),
+        (
+            col::STATUS_MESSAGE,
+            Arc::new(status_message.finish()),
+            Enc::Dict,
+        ),
         (col::RESOURCE, Arc::new(resources.finish()), Enc::Dict),
         (col::SCOPE, Arc::new(scopes.finish()), Enc::Dict),
         (col::EVENTS, Arc::new(events.finish()), Enc::Plain),
@@ -451,7 +467,9 @@ fn add_inherited_postings(postings: &mut Postings, rows: &[SpanRecord], traces: 
         let spans = &rows[range.start as usize..range.end as usize];
         let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for kv in spans.iter().flat_map(|s| &s.attributes) {
-            let Some((i, _)) = dedicated_for(&kv.key) else { continue };
+            let Some((i, _)) = dedicated_for(&kv.key) else {
+                continue;
+            };
             let d = &DEDICATED[i];
             if let (true, Some(term)) = (d.inherited, kv.value.as_term()) {
                 let terms = seen.entry(d.name).or_default();

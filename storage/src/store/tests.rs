@@ -13,7 +13,10 @@ fn tenant(name: &str) -> TenantId {
 }
 
 fn small_opts() -> StoreOptions {
-    StoreOptions { flush_rows: 500, ..Default::default() }
+    StoreOptions {
+        flush_rows: 500,
+        ..Default::default()
+    }
 }
 
 /// Random spans shaped like LLM serving: a generate span with dimensions and token children.
@@ -21,9 +24,17 @@ fn random_traces(seed: u64, traces: usize) -> Vec<SpanRecord> {
     let mut rng = StdRng::seed_from_u64(seed);
     let services: Vec<Arc<Resource>> = ["gateway", "engine"]
         .iter()
-        .map(|s| Arc::new(Resource { attributes: vec![KeyValue::new("service.name", Value::Str(s.to_string()))], ..Default::default() }))
+        .map(|s| {
+            Arc::new(Resource {
+                attributes: vec![KeyValue::new("service.name", Value::Str(s.to_string()))],
+                ..Default::default()
+            })
+        })
         .collect();
-    let scope = Arc::new(Scope { name: "test".into(), ..Default::default() });
+    let scope = Arc::new(Scope {
+        name: "test".into(),
+        ..Default::default()
+    });
     let mut out = Vec::new();
     for t in 0..traces {
         let mut trace = [0u8; 16];
@@ -46,16 +57,46 @@ fn random_traces(seed: u64, traces: usize) -> Vec<SpanRecord> {
                 KeyValue::new("llm.model_version", Value::Str(version.into())),
                 KeyValue::new("worker.id", Value::Str(worker.clone())),
                 KeyValue::new("llm.batch_size", Value::Int(rng.random_range(1..5) * 8)),
-                KeyValue::new(if old { "gen_ai.system" } else { "gen_ai.provider.name" }, Value::Str("vllm".into())),
-                KeyValue::new("gen_ai.response.finish_reasons", Value::Array(vec![Value::Str("stop".into())])),
+                KeyValue::new(
+                    if old {
+                        "gen_ai.system"
+                    } else {
+                        "gen_ai.provider.name"
+                    },
+                    Value::Str("vllm".into()),
+                ),
+                KeyValue::new(
+                    "gen_ai.response.finish_reasons",
+                    Value::Array(vec![Value::Str("stop".into())]),
+                ),
                 KeyValue::new("http.route", Value::Str("/v1/chat".into())),
                 KeyValue::new("gen_ai.input.messages", Value::Str("x".repeat(3000))),
-                KeyValue::new("odd", Value::KvList(vec![KeyValue::new("k", Value::Bytes(vec![1, 2]))])),
+                KeyValue::new(
+                    "odd",
+                    Value::KvList(vec![KeyValue::new("k", Value::Bytes(vec![1, 2]))]),
+                ),
             ],
-            status_code: if rng.random_bool(0.1) { StatusCode::Error } else { StatusCode::Unset },
+            status_code: if rng.random_bool(0.1) {
+                StatusCode::Error
+            } else {
+                StatusCode::Unset
+            },
             status_message: String::new(),
-            events: vec![Event { time: UnixNanos(base + 5), name: "first_token".into(), ..Default::default() }],
-            links: if t % 3 == 0 { vec![Link { trace_id: TraceId([9; 16]), span_id: SpanId([9; 8]), flags: 1, ..Default::default() }] } else { vec![] },
+            events: vec![Event {
+                time: UnixNanos(base + 5),
+                name: "first_token".into(),
+                ..Default::default()
+            }],
+            links: if t % 3 == 0 {
+                vec![Link {
+                    trace_id: TraceId([9; 16]),
+                    span_id: SpanId([9; 8]),
+                    flags: 1,
+                    ..Default::default()
+                }]
+            } else {
+                vec![]
+            },
             resource: services[1].clone(),
             scope: scope.clone(),
             ..Default::default()
@@ -72,7 +113,10 @@ fn random_traces(seed: u64, traces: usize) -> Vec<SpanRecord> {
                 end: UnixNanos(start + rng.random_range(10_000_000..30_000_000)),
                 attributes: vec![
                     KeyValue::new("llm.token.index", Value::Int(i as i64)),
-                    KeyValue::new("llm.token.latency_ms", Value::Double(rng.random_range(10.0..30.0))),
+                    KeyValue::new(
+                        "llm.token.latency_ms",
+                        Value::Double(rng.random_range(10.0..30.0)),
+                    ),
                 ],
                 resource: services[1].clone(),
                 scope: scope.clone(),
@@ -125,7 +169,12 @@ fn traces_read_back_equal_from_head_and_from_blocks() {
         assert_same(&store.trace(&t, id).unwrap(), spans);
     }
     assert!(store.trace(&t, &TraceId([0xee; 16])).unwrap().is_empty());
-    assert!(store.trace_locations(&t, &TraceId([0xee; 16])).unwrap().is_empty());
+    assert!(
+        store
+            .trace_locations(&t, &TraceId([0xee; 16]))
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -189,16 +238,30 @@ fn tenants_never_see_each_other() {
 #[test]
 fn postings_agree_with_a_naive_scan() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions { flush_rows: 100_000, ..Default::default() }).unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            flush_rows: 100_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let t = tenant("a");
     store.append(&t, random_traces(5, 80)).unwrap();
     store.flush(true).unwrap();
     let blocks = store.blocks(&t);
     assert_eq!(blocks.len(), 1);
     let (addr, meta) = &blocks[0];
-    let rows = store.block_reader(&t, *addr, meta).spans(&Rows::All, false).unwrap();
+    let rows = store
+        .block_reader(&t, *addr, meta)
+        .spans(&Rows::All, false)
+        .unwrap();
     let naive = |pred: &dyn Fn(&SpanRecord) -> bool| -> RoaringBitmap {
-        rows.iter().enumerate().filter(|(_, s)| pred(s)).map(|(i, _)| i as u32).collect()
+        rows.iter()
+            .enumerate()
+            .filter(|(_, s)| pred(s))
+            .map(|(i, _)| i as u32)
+            .collect()
     };
     for (term, bitmap) in store.dimension(&t, *addr, DIM_SERVICE).unwrap() {
         assert_eq!(bitmap, naive(&|s| s.service_name() == term));
@@ -212,26 +275,54 @@ fn postings_agree_with_a_naive_scan() {
     let mut checked = 0;
     for d in DEDICATED.iter().filter(|d| d.indexed) {
         let has = |s: &SpanRecord, term: &str| {
-            s.attributes.iter().any(|kv| (kv.key == d.name || Some(kv.key.as_str()) == d.alias) && kv.value.as_term().as_deref() == Some(term))
+            s.attributes.iter().any(|kv| {
+                (kv.key == d.name || Some(kv.key.as_str()) == d.alias)
+                    && kv.value.as_term().as_deref() == Some(term)
+            })
         };
         for (term, bitmap) in store.dimension(&t, *addr, d.name).unwrap() {
             assert_eq!(bitmap, naive(&|s| has(s, &term)), "{} = {term}", d.name);
             checked += 1;
         }
-        for (term, bitmap) in store.dimension(&t, *addr, &format!("{TRACE_DIM_PREFIX}{}", d.name)).unwrap() {
-            let traces: HashSet<TraceId> = rows.iter().filter(|s| has(s, &term)).map(|s| s.trace_id).collect();
-            assert_eq!(bitmap, naive(&|s| traces.contains(&s.trace_id)), "trace-level {} = {term}", d.name);
+        for (term, bitmap) in store
+            .dimension(&t, *addr, &format!("{TRACE_DIM_PREFIX}{}", d.name))
+            .unwrap()
+        {
+            let traces: HashSet<TraceId> = rows
+                .iter()
+                .filter(|s| has(s, &term))
+                .map(|s| s.trace_id)
+                .collect();
+            assert_eq!(
+                bitmap,
+                naive(&|s| traces.contains(&s.trace_id)),
+                "trace-level {} = {term}",
+                d.name
+            );
             checked += 1;
         }
     }
     assert!(checked > 10, "dimensions were indexed: {checked}");
-    assert!(store.postings(&t, *addr, "llm.model_version", "no-such-version").unwrap().is_empty());
+    assert!(
+        store
+            .postings(&t, *addr, "llm.model_version", "no-such-version")
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
 fn backpressure_refuses_instead_of_queueing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions { flush_rows: 10, max_pending_rows: 50, ..Default::default() }).unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            flush_rows: 10,
+            max_pending_rows: 50,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let t = tenant("a");
     let spans = random_traces(6, 20);
     let mut refused = false;

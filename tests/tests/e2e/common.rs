@@ -7,7 +7,11 @@ use prost::Message;
 pub use weft_bench::client::{Client, Reply};
 
 pub fn attr(key: &str, v: any_value::Value) -> KeyValue {
-    KeyValue { key: key.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
+    }
 }
 
 pub fn sattr(key: &str, v: &str) -> KeyValue {
@@ -43,27 +47,60 @@ pub fn span(trace: &[u8], id: u64, parent: Option<u64>, name: &str, start: u64, 
 pub fn request(service: &str, spans: Vec<Span>) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
-            resource: Some(Resource { attributes: vec![sattr("service.name", service)], ..Default::default() }),
-            scope_spans: vec![ScopeSpans { scope: Some(InstrumentationScope { name: "e2e".into(), version: "1".into(), ..Default::default() }), spans, schema_url: String::new() }],
+            resource: Some(Resource {
+                attributes: vec![sattr("service.name", service)],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: "e2e".into(),
+                    version: "1".into(),
+                    ..Default::default()
+                }),
+                spans,
+                schema_url: String::new(),
+            }],
             schema_url: String::new(),
         }],
     }
 }
 
-pub async fn post_proto(c: &Client, w: &weft_tests::Weft, req: &ExportTraceServiceRequest, tenant: Option<&str>) -> Reply {
+pub async fn post_proto(
+    c: &Client,
+    w: &weft_tests::Weft,
+    req: &ExportTraceServiceRequest,
+    tenant: Option<&str>,
+) -> Reply {
     let mut headers = vec![("content-type", "application/x-protobuf")];
     if let Some(t) = tenant {
         headers.push(("x-scope-orgid", t));
     }
-    c.post(&format!("{}/v1/traces", w.otlp), &headers, Bytes::from(req.encode_to_vec())).await.unwrap()
+    c.post(
+        &format!("{}/v1/traces", w.otlp),
+        &headers,
+        Bytes::from(req.encode_to_vec()),
+    )
+    .await
+    .unwrap()
 }
 
-pub async fn get_trace_proto(c: &Client, w: &weft_tests::Weft, trace: &[u8], tenant: Option<&str>) -> Option<ExportTraceServiceRequest> {
+pub async fn get_trace_proto(
+    c: &Client,
+    w: &weft_tests::Weft,
+    trace: &[u8],
+    tenant: Option<&str>,
+) -> Option<ExportTraceServiceRequest> {
     let mut headers = vec![("accept", "application/x-protobuf")];
     if let Some(t) = tenant {
         headers.push(("x-scope-orgid", t));
     }
-    let r = c.get(&format!("{}/api/v1/traces/{}", w.http, hex::encode(trace)), &headers).await.unwrap();
+    let r = c
+        .get(
+            &format!("{}/api/v1/traces/{}", w.http, hex::encode(trace)),
+            &headers,
+        )
+        .await
+        .unwrap();
     match r.status.as_u16() {
         200 => Some(ExportTraceServiceRequest::decode(&r.body[..]).unwrap()),
         404 => None,
@@ -75,7 +112,13 @@ pub async fn get_trace_proto(c: &Client, w: &weft_tests::Weft, trace: &[u8], ten
 pub fn flatten(req: &ExportTraceServiceRequest) -> Vec<(String, Span)> {
     let mut out = Vec::new();
     for rs in &req.resource_spans {
-        let service = rs.resource.as_ref().and_then(|r| r.attributes.iter().find(|a| a.key == "service.name")).and_then(|a| a.value.as_ref()).map(|v| format!("{v:?}")).unwrap_or_default();
+        let service = rs
+            .resource
+            .as_ref()
+            .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+            .and_then(|a| a.value.as_ref())
+            .map(|v| format!("{v:?}"))
+            .unwrap_or_default();
         for ss in &rs.scope_spans {
             for s in &ss.spans {
                 let mut s = s.clone();
@@ -88,9 +131,19 @@ pub fn flatten(req: &ExportTraceServiceRequest) -> Vec<(String, Span)> {
     out
 }
 
-pub async fn search(c: &Client, w: &weft_tests::Weft, query: &str, tenant: Option<&str>) -> serde_json::Value {
-    let headers: Vec<(&str, &str)> = tenant.map(|t| vec![("x-scope-orgid", t)]).unwrap_or_default();
-    let r = c.get(&format!("{}/api/v1/search?{query}", w.http), &headers).await.unwrap();
+pub async fn search(
+    c: &Client,
+    w: &weft_tests::Weft,
+    query: &str,
+    tenant: Option<&str>,
+) -> serde_json::Value {
+    let headers: Vec<(&str, &str)> = tenant
+        .map(|t| vec![("x-scope-orgid", t)])
+        .unwrap_or_default();
+    let r = c
+        .get(&format!("{}/api/v1/search?{query}", w.http), &headers)
+        .await
+        .unwrap();
     assert_eq!(r.status, 200, "search {query}: {}", r.text());
     r.json().unwrap()
 }

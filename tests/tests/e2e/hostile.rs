@@ -9,32 +9,73 @@ use crate::common::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_clear_answers_and_the_server_stays_healthy() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Weft::start(dir.path(), &["--max-body-bytes", "1000000", "--max-attribute-value-bytes", "10000"]);
+    let w = Weft::start(
+        dir.path(),
+        &[
+            "--max-body-bytes",
+            "1000000",
+            "--max-attribute-value-bytes",
+            "10000",
+        ],
+    );
     let c = Client::new();
     let url = format!("{}/v1/traces", w.otlp);
     let proto = [("content-type", "application/x-protobuf")];
     let json = [("content-type", "application/json")];
 
-    let good = request("svc", (0..20).map(|i| span(&id16(1), i + 1, None, "s", T0, T0 + 1)).collect());
+    let good = request(
+        "svc",
+        (0..20)
+            .map(|i| span(&id16(1), i + 1, None, "s", T0, T0 + 1))
+            .collect(),
+    );
     let encoded = good.encode_to_vec();
-    let r = c.post(&url, &proto, encoded[..encoded.len() - 7].to_vec()).await.unwrap();
+    let r = c
+        .post(&url, &proto, encoded[..encoded.len() - 7].to_vec())
+        .await
+        .unwrap();
     assert_eq!(r.status, 400, "truncated protobuf");
     assert_eq!(r.content_type, "application/x-protobuf");
     let status = weft_status(&r.body);
     assert!(status.contains("undecodable protobuf body"), "{status}");
 
-    let r = c.post(&url, &json, r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":12}]}]}]}"#).await.unwrap();
+    let r = c
+        .post(
+            &url,
+            &json,
+            r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":12}]}]}]}"#,
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 400);
     let msg = r.json().unwrap()["message"].as_str().unwrap().to_owned();
-    assert!(msg.contains("resourceSpans[0].scopeSpans[0].spans[0].traceId: expected a hex string, got a number"), "{msg}");
+    assert!(
+        msg.contains(
+            "resourceSpans[0].scopeSpans[0].spans[0].traceId: expected a hex string, got a number"
+        ),
+        "{msg}"
+    );
     let r = c.post(&url, &json, "{not json").await.unwrap();
     assert_eq!(r.status, 400);
 
-    let r = c.post(&url, &[("content-type", "text/plain")], "hello").await.unwrap();
+    let r = c
+        .post(&url, &[("content-type", "text/plain")], "hello")
+        .await
+        .unwrap();
     assert_eq!(r.status, 415);
     let r = c.post(&url, &proto, vec![0u8; 1_000_001]).await.unwrap();
     assert_eq!(r.status, 413);
-    let r = c.post(&url, &[("content-type", "application/x-protobuf"), ("content-encoding", "gzip")], "not gzip").await.unwrap();
+    let r = c
+        .post(
+            &url,
+            &[
+                ("content-type", "application/x-protobuf"),
+                ("content-encoding", "gzip"),
+            ],
+            "not gzip",
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 400);
 
     // invalid spans: partial success naming the first problem, valid ones kept
@@ -46,14 +87,24 @@ async fn bad_requests_get_clear_answers_and_the_server_stays_healthy() {
     spans.push(span(&[0; 16], 3, None, "zero", T0, T0 + 5));
     spans.push(span(&trace, 4, None, "backwards", T0 + 5, T0));
     let mut huge = span(&trace, 5, None, "huge", T0, T0 + 5);
-    huge.attributes.push(attr("gen_ai.input.messages", V::StringValue("x".repeat(20_000))));
+    huge.attributes.push(attr(
+        "gen_ai.input.messages",
+        V::StringValue("x".repeat(20_000)),
+    ));
     spans.push(huge);
     let r = post_proto(&c, &w, &request("svc", spans), None).await;
     assert_eq!(r.status, 200);
-    let resp = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::decode(&r.body[..]).unwrap();
+    let resp =
+        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse::decode(
+            &r.body[..],
+        )
+        .unwrap();
     let partial = resp.partial_success.unwrap();
     assert_eq!(partial.rejected_spans, 4);
-    assert_eq!(partial.error_message, "span 1 of scope 0 of resource 0: span_id must be 8 bytes, got 3");
+    assert_eq!(
+        partial.error_message,
+        "span 1 of scope 0 of resource 0: span_id must be 8 bytes, got 3"
+    );
     let got = get_trace_proto(&c, &w, &trace, None).await.unwrap();
     assert_eq!(flatten(&got).len(), 1);
 
@@ -62,22 +113,58 @@ async fn bad_requests_get_clear_answers_and_the_server_stays_healthy() {
     assert_eq!(r.status, 200);
     let doc = r.json().unwrap();
     assert_eq!(doc["partialSuccess"]["rejectedSpans"], "1");
-    assert!(doc["partialSuccess"]["errorMessage"].as_str().unwrap().contains("trace_id is all zeros"));
+    assert!(
+        doc["partialSuccess"]["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("trace_id is all zeros")
+    );
 
     // reads: bad and unknown ids
-    let r = c.get(&format!("{}/api/v1/traces/xyz", w.http), &[]).await.unwrap();
+    let r = c
+        .get(&format!("{}/api/v1/traces/xyz", w.http), &[])
+        .await
+        .unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.json().unwrap()["error"].as_str().unwrap().contains("32 hex"));
-    let r = c.get(&format!("{}/api/v1/traces/{}", w.http, "ab".repeat(16)), &[]).await.unwrap();
+    assert!(
+        r.json().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("32 hex")
+    );
+    let r = c
+        .get(
+            &format!("{}/api/v1/traces/{}", w.http, "ab".repeat(16)),
+            &[],
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 404);
-    assert!(r.json().unwrap()["error"].as_str().unwrap().contains("not found"));
-    let r = c.get(&format!("{}/api/v1/search?min_duration=quick", w.http), &[]).await.unwrap();
+    assert!(
+        r.json().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("not found")
+    );
+    let r = c
+        .get(&format!("{}/api/v1/search?min_duration=quick", w.http), &[])
+        .await
+        .unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.json().unwrap()["error"].as_str().unwrap().starts_with("min_duration:"));
+    assert!(
+        r.json().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("min_duration:")
+    );
 
     let r = c.get(&format!("{}/ready", w.http), &[]).await.unwrap();
     assert_eq!(r.status, 200, "still healthy");
-    assert_eq!(post_proto(&c, &w, &good, None).await.status, 200, "still ingesting");
+    assert_eq!(
+        post_proto(&c, &w, &good, None).await.status,
+        200,
+        "still ingesting"
+    );
 }
 
 fn weft_status(body: &[u8]) -> String {
@@ -88,24 +175,56 @@ fn weft_status(body: &[u8]) -> String {
         #[prost(string, tag = "2")]
         message: String,
     }
-    RpcStatus::decode(body).map(|s| s.message).unwrap_or_default()
+    RpcStatus::decode(body)
+        .map(|s| s.message)
+        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_saturated_write_path_answers_429_with_retry_after() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Weft::start(dir.path(), &["--flush-rows", "1000", "--max-pending-rows", "1000", "--flush-age", "1h"]);
+    let w = Weft::start(
+        dir.path(),
+        &[
+            "--flush-rows",
+            "1000",
+            "--max-pending-rows",
+            "1000",
+            "--flush-age",
+            "1h",
+        ],
+    );
     let c = Client::new();
-    let first = request("svc", (0..900).map(|i| span(&id16(3), i + 1, None, "s", T0, T0 + 1)).collect());
+    let first = request(
+        "svc",
+        (0..900)
+            .map(|i| span(&id16(3), i + 1, None, "s", T0, T0 + 1))
+            .collect(),
+    );
     assert_eq!(post_proto(&c, &w, &first, None).await.status, 200);
-    let second = request("svc", (0..200).map(|i| span(&id16(4), i + 1, None, "s", T0, T0 + 1)).collect());
+    let second = request(
+        "svc",
+        (0..200)
+            .map(|i| span(&id16(4), i + 1, None, "s", T0, T0 + 1))
+            .collect(),
+    );
     let r = post_proto(&c, &w, &second, None).await;
     assert_eq!(r.status, 429);
     assert!(r.retry_after.is_some(), "Retry-After is set");
     let mut client = opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient::connect(w.grpc.clone()).await.unwrap();
     let status = client.export(second.clone()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-    assert!(!status.details().is_empty(), "RetryInfo is attached so OTLP clients retry");
-    let metrics = c.get(&format!("{}/metrics", w.http), &[]).await.unwrap().text();
-    assert!(metrics.contains("weft_spans_rejected_total{reason=\"overloaded\"} 2"), "{metrics}");
+    assert!(
+        !status.details().is_empty(),
+        "RetryInfo is attached so OTLP clients retry"
+    );
+    let metrics = c
+        .get(&format!("{}/metrics", w.http), &[])
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("weft_spans_rejected_total{reason=\"overloaded\"} 2"),
+        "{metrics}"
+    );
 }

@@ -2,15 +2,24 @@
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::common::v1::{ArrayValue, KeyValueList, any_value::Value as V};
-use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
 use opentelemetry_proto::tonic::trace::v1::Status;
+use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
 use tonic::codec::CompressionEncoding;
 use weft_tests::Weft;
 
 use crate::common::*;
 
-fn rich_trace(trace: &[u8]) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
-    let mut root = span(trace, 1, None, "POST /v1/chat/completions", T0, T0 + 2_000_000_000);
+fn rich_trace(
+    trace: &[u8],
+) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
+    let mut root = span(
+        trace,
+        1,
+        None,
+        "POST /v1/chat/completions",
+        T0,
+        T0 + 2_000_000_000,
+    );
     root.attributes = vec![
         sattr("http.route", "/v1/chat/completions"),
         attr("http.response.status_code", V::IntValue(200)),
@@ -20,30 +29,87 @@ fn rich_trace(trace: &[u8]) -> opentelemetry_proto::tonic::collector::trace::v1:
         sattr("llm.model_version", "llama-3.1-70b-2025-09"),
         attr("llm.batch_size", V::IntValue(16)),
         attr("gen_ai.latency.time_to_first_token", V::DoubleValue(0.318)),
-        attr("gen_ai.response.finish_reasons", V::ArrayValue(ArrayValue { values: vec![opentelemetry_proto::tonic::common::v1::AnyValue { value: Some(V::StringValue("stop".into())) }] })),
-        sattr("gen_ai.input.messages", &format!("[{{\"role\":\"user\",\"content\":\"{}\"}}]", "why is the sky blue? ".repeat(200))),
+        attr(
+            "gen_ai.response.finish_reasons",
+            V::ArrayValue(ArrayValue {
+                values: vec![opentelemetry_proto::tonic::common::v1::AnyValue {
+                    value: Some(V::StringValue("stop".into())),
+                }],
+            }),
+        ),
+        sattr(
+            "gen_ai.input.messages",
+            &format!(
+                "[{{\"role\":\"user\",\"content\":\"{}\"}}]",
+                "why is the sky blue? ".repeat(200)
+            ),
+        ),
         attr("flag", V::BoolValue(true)),
         attr("blob", V::BytesValue(vec![0, 1, 2, 255])),
-        attr("nested", V::KvlistValue(KeyValueList { values: vec![sattr("inner", "x")] })),
-        attr("mixed", V::ArrayValue(ArrayValue { values: vec![opentelemetry_proto::tonic::common::v1::AnyValue { value: Some(V::IntValue(1)) }] })),
+        attr(
+            "nested",
+            V::KvlistValue(KeyValueList {
+                values: vec![sattr("inner", "x")],
+            }),
+        ),
+        attr(
+            "mixed",
+            V::ArrayValue(ArrayValue {
+                values: vec![opentelemetry_proto::tonic::common::v1::AnyValue {
+                    value: Some(V::IntValue(1)),
+                }],
+            }),
+        ),
     ];
     root.trace_state = "vendor=1".into();
     root.flags = 0x101;
     root.dropped_attributes_count = 3;
     root.dropped_events_count = 1;
     root.dropped_links_count = 2;
-    root.events = vec![Event { time_unix_nano: T0 + 5, name: "first_token".into(), attributes: vec![sattr("k", "v")], dropped_attributes_count: 1 }];
-    root.links = vec![Link { trace_id: id16(999), span_id: id8(999), trace_state: "a=b".into(), attributes: vec![sattr("link", "1")], dropped_attributes_count: 0, flags: 1 }];
-    root.status = Some(Status { code: 2, message: "upstream failed".into() });
+    root.events = vec![Event {
+        time_unix_nano: T0 + 5,
+        name: "first_token".into(),
+        attributes: vec![sattr("k", "v")],
+        dropped_attributes_count: 1,
+    }];
+    root.links = vec![Link {
+        trace_id: id16(999),
+        span_id: id8(999),
+        trace_state: "a=b".into(),
+        attributes: vec![sattr("link", "1")],
+        dropped_attributes_count: 0,
+        flags: 1,
+    }];
+    root.status = Some(Status {
+        code: 2,
+        message: "upstream failed".into(),
+    });
     let mut tokens = Vec::new();
     for i in 0..50u64 {
-        let mut t = span(trace, 100 + i, Some(1), "llm.decode.token", T0 + 400_000_000 + i * 25_000_000, T0 + 420_000_000 + i * 25_000_000);
+        let mut t = span(
+            trace,
+            100 + i,
+            Some(1),
+            "llm.decode.token",
+            T0 + 400_000_000 + i * 25_000_000,
+            T0 + 420_000_000 + i * 25_000_000,
+        );
         t.kind = 1;
-        t.attributes = vec![attr("llm.token.index", V::IntValue(i as i64)), attr("llm.token.latency_ms", V::DoubleValue(20.0 + i as f64 / 10.0))];
+        t.attributes = vec![
+            attr("llm.token.index", V::IntValue(i as i64)),
+            attr(
+                "llm.token.latency_ms",
+                V::DoubleValue(20.0 + i as f64 / 10.0),
+            ),
+        ];
         tokens.push(t);
     }
     let mut req = request("inference-engine", vec![root]);
-    req.resource_spans.push(request("inference-engine-tokens", tokens).resource_spans.remove(0));
+    req.resource_spans.push(
+        request("inference-engine-tokens", tokens)
+            .resource_spans
+            .remove(0),
+    );
     req
 }
 
@@ -57,16 +123,35 @@ async fn protobuf_over_http_reads_back_equal_before_and_after_flush() {
     let r = post_proto(&c, &w, &sent, None).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.content_type, "application/x-protobuf");
-    let got = get_trace_proto(&c, &w, &trace, None).await.expect("trace is queryable at once");
+    let got = get_trace_proto(&c, &w, &trace, None)
+        .await
+        .expect("trace is queryable at once");
     assert_eq!(flatten(&got), flatten(&sent));
     // a clean shutdown flushes the head into blocks; the trace then comes from columns
     assert!(w.terminate());
     w.restart();
-    let got = get_trace_proto(&c, &w, &trace, None).await.expect("trace after restart");
+    let got = get_trace_proto(&c, &w, &trace, None)
+        .await
+        .expect("trace after restart");
     assert_eq!(flatten(&got), flatten(&sent));
-    let metrics = c.get(&format!("{}/metrics", w.http), &[]).await.unwrap().text();
-    assert!(metrics.contains("weft_head_rows 0"), "flushed on SIGTERM:\n{metrics}");
-    for name in ["weft_spans_accepted_total", "weft_spans_rejected_total{reason=\"invalid_id\"}", "weft_request_duration_seconds_bucket", "weft_wal_writes_total", "weft_flush_seconds_sum", "weft_blocks ", "weft_rocksdb_live_sst_bytes"] {
+    let metrics = c
+        .get(&format!("{}/metrics", w.http), &[])
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("weft_head_rows 0"),
+        "flushed on SIGTERM:\n{metrics}"
+    );
+    for name in [
+        "weft_spans_accepted_total",
+        "weft_spans_rejected_total{reason=\"invalid_id\"}",
+        "weft_request_duration_seconds_bucket",
+        "weft_wal_writes_total",
+        "weft_flush_seconds_sum",
+        "weft_blocks ",
+        "weft_rocksdb_live_sst_bytes",
+    ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
 }
@@ -84,10 +169,26 @@ async fn json_over_http_with_gzip_reads_back_as_otlp_json() {
              "status": {"code": 1}}]}]}]});
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, body.to_string().as_bytes()).unwrap();
-    let r = c.post(&format!("{}/v1/traces", w.otlp), &[("content-type", "application/json"), ("content-encoding", "gzip")], gz.finish().unwrap()).await.unwrap();
+    let r = c
+        .post(
+            &format!("{}/v1/traces", w.otlp),
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+            gz.finish().unwrap(),
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.content_type, "application/json");
-    let r = c.get(&format!("{}/api/v1/traces/5b8efff798038103d269b633813fc60c", w.http), &[]).await.unwrap();
+    let r = c
+        .get(
+            &format!("{}/api/v1/traces/5b8efff798038103d269b633813fc60c", w.http),
+            &[],
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     let doc = r.json().unwrap();
     let s = &doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
@@ -99,8 +200,15 @@ async fn json_over_http_with_gzip_reads_back_as_otlp_json() {
     assert_eq!(s["status"]["code"], 1);
     let attrs = s["attributes"].as_array().unwrap();
     assert!(attrs.iter().any(|a| a["key"] == "gen_ai.usage.completion_tokens" && a["value"]["intValue"] == "42"), "{attrs:?}");
-    assert!(attrs.iter().any(|a| a["key"] == "ratio" && a["value"]["doubleValue"] == 0.5));
-    assert_eq!(doc["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], "llm-gateway");
+    assert!(
+        attrs
+            .iter()
+            .any(|a| a["key"] == "ratio" && a["value"]["doubleValue"] == 0.5)
+    );
+    assert_eq!(
+        doc["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"],
+        "llm-gateway"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -108,17 +216,32 @@ async fn grpc_with_gzip_and_tenant_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let w = Weft::start(dir.path(), &[]);
     let c = Client::new();
-    let mut client = TraceServiceClient::connect(w.grpc.clone()).await.unwrap().send_compressed(CompressionEncoding::Gzip).accept_compressed(CompressionEncoding::Gzip);
+    let mut client = TraceServiceClient::connect(w.grpc.clone())
+        .await
+        .unwrap()
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip);
     let trace = id16(7);
     let sent = rich_trace(&trace);
     let mut req = tonic::Request::new(sent.clone());
-    req.metadata_mut().insert("x-scope-orgid", "team-a".parse().unwrap());
+    req.metadata_mut()
+        .insert("x-scope-orgid", "team-a".parse().unwrap());
     let resp = client.export(req).await.unwrap().into_inner();
     assert_eq!(resp.partial_success, None);
-    let got = get_trace_proto(&c, &w, &trace, Some("team-a")).await.expect("tenant team-a sees it");
+    let got = get_trace_proto(&c, &w, &trace, Some("team-a"))
+        .await
+        .expect("tenant team-a sees it");
     assert_eq!(flatten(&got), flatten(&sent));
-    assert!(get_trace_proto(&c, &w, &trace, None).await.is_none(), "the default tenant does not");
-    assert!(get_trace_proto(&c, &w, &trace, Some("team-b")).await.is_none(), "nor does team-b");
+    assert!(
+        get_trace_proto(&c, &w, &trace, None).await.is_none(),
+        "the default tenant does not"
+    );
+    assert!(
+        get_trace_proto(&c, &w, &trace, Some("team-b"))
+            .await
+            .is_none(),
+        "nor does team-b"
+    );
     let found = search(&c, &w, "service=inference-engine", Some("team-b")).await;
     assert_eq!(found["traces"].as_array().unwrap().len(), 0);
     let found = search(&c, &w, "service=inference-engine", Some("team-a")).await;
@@ -126,11 +249,19 @@ async fn grpc_with_gzip_and_tenant_metadata() {
 
     // invalid spans get partial success over gRPC too
     let mut bad = request("svc", vec![span(&trace, 5000, None, "x", T0 + 10, T0)]);
-    bad.resource_spans[0].scope_spans[0].spans.push(span(&trace, 5001, None, "ok", T0, T0 + 10));
+    bad.resource_spans[0].scope_spans[0]
+        .spans
+        .push(span(&trace, 5001, None, "ok", T0, T0 + 10));
     let resp = client.export(bad).await.unwrap().into_inner();
     let partial = resp.partial_success.expect("partial success");
     assert_eq!(partial.rejected_spans, 1);
-    assert!(partial.error_message.contains("span 0 of scope 0 of resource 0: end_time_unix_nano is before start_time_unix_nano"), "{}", partial.error_message);
+    assert!(
+        partial.error_message.contains(
+            "span 0 of scope 0 of resource 0: end_time_unix_nano is before start_time_unix_nano"
+        ),
+        "{}",
+        partial.error_message
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,7 +274,14 @@ async fn ten_thousand_span_trace_and_retried_batches_are_stored_once() {
     for b in 0..5u64 {
         let spans = (0..2000u64).map(|i| {
             let n = b * 2000 + i;
-            span(&trace, 10 + n, if n == 0 { None } else { Some(10) }, if n == 0 { "root" } else { "llm.decode.token" }, T0 + n * 1000, T0 + n * 1000 + 900)
+            span(
+                &trace,
+                10 + n,
+                if n == 0 { None } else { Some(10) },
+                if n == 0 { "root" } else { "llm.decode.token" },
+                T0 + n * 1000,
+                T0 + n * 1000 + 900,
+            )
         });
         batches.push(request("inference-engine", spans.collect()));
     }
