@@ -9,7 +9,7 @@
 //!
 //! **Block meta** (key `meta`), codec layout:
 //! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
-//!  ncols:varint (name:str type:u8 kind:u8 bytes:varint)*`.
+//!  ncols:varint (name:str type:u8 kind:u8 transform:u8 bytes:varint)*`.
 //!
 //! **Trace summaries** (key `traces`): `version:u8=1 n:varint` then per trace
 //! `trace:16 row_start:varint rows:varint min_start:varint max_end:varint errors:varint
@@ -71,11 +71,24 @@ pub enum ColumnKind {
     Dynamic = 2,
 }
 
+/// How a column's values relate to what its chunk holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Transform {
+    /// The chunk holds the values.
+    None = 0,
+    /// The value is the span's duration in milliseconds (`duration_ns / 1e6`, bit for bit)
+    /// wherever the chunk is not null: token latency attributes repeat the span duration, and
+    /// storing them again would cost as much as the duration itself.
+    DurationMillis = 1,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ColumnMeta {
     pub name: String,
     pub ty: Option<ColumnType>,
     pub kind: ColumnKind,
+    pub transform: Transform,
     pub bytes: u64,
 }
 
@@ -101,6 +114,7 @@ impl BlockMeta {
             w.str(&c.name);
             w.buf.push(c.ty.map_or(0xff, ColumnType::code));
             w.buf.push(c.kind as u8);
+            w.buf.push(c.transform as u8);
             w.u64(c.bytes);
         }
         w.buf
@@ -127,10 +141,21 @@ impl BlockMeta {
                     ));
                 }
             };
+            let transform = match r.u8()? {
+                0 => Transform::None,
+                1 => Transform::DurationMillis,
+                t => {
+                    return Err(StorageError::corrupt(
+                        "block meta",
+                        format!("column transform {t}"),
+                    ));
+                }
+            };
             columns.push(ColumnMeta {
                 name,
                 ty,
                 kind,
+                transform,
                 bytes: r.u64()?,
             });
         }
@@ -358,6 +383,7 @@ mod tests {
                 name: "d:llm.batch_size".into(),
                 ty: Some(ColumnType::Int),
                 kind: ColumnKind::Dedicated,
+                transform: Transform::DurationMillis,
                 bytes: 42,
             }],
         };
@@ -383,5 +409,33 @@ mod tests {
             BlockMeta::decode(&bad),
             Err(StorageError::UnsupportedVersion { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    use super::*;
+    use arrow::array::Int64Array;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    #[ignore = "prints encoded sizes of candidate encodings; run by hand"]
+    fn probe() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let durs: Vec<i64> = (0..100_000)
+            .map(|_| (25e6 * (1.0 + rng.random_range(-0.3..0.3))) as i64)
+            .collect();
+        let gaps: Vec<i64> = (0..100_000)
+            .map(|_| rng.random_range(20_000..120_000))
+            .collect();
+        for (name, v) in [("durations", &durs), ("gaps", &gaps)] {
+            let a: ArrayRef = Arc::new(Int64Array::from(v.clone()));
+            for enc in [Enc::Delta, Enc::Plain, Enc::Dict] {
+                println!(
+                    "{name} {enc:?}: {:.3} bytes/value",
+                    encode_chunk(&a, enc).unwrap().len() as f64 / v.len() as f64
+                );
+            }
+        }
     }
 }

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use roaring::RoaringBitmap;
 
-use super::format::{BlockMeta, ColumnKind, decode_chunk};
-use super::writer::col;
+use super::format::{BlockMeta, ColumnKind, Transform, decode_chunk};
+use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
 use crate::model::*;
@@ -142,13 +142,38 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let Some(array) = self.column(name, rows)? else {
             return Ok(None);
         };
+        let derived = self.derived(meta.transform, rows, None)?;
         let c = AttrColumn {
             key: String::new(),
             dedicated: None,
             ty,
             array,
+            derived,
         };
         Ok(Some((0..c.array.len()).map(|i| c.value(i)).collect()))
+    }
+
+    /// The values a transformed column stands for, for the given rows.
+    fn derived(
+        &self,
+        transform: Transform,
+        rows: &Rows,
+        durations: Option<&[i64]>,
+    ) -> Result<Option<Vec<f64>>> {
+        Ok(match transform {
+            Transform::None => None,
+            Transform::DurationMillis => {
+                let owned;
+                let durations = match durations {
+                    Some(d) => d,
+                    None => {
+                        owned = self.ints(col::DURATION, rows)?;
+                        &owned
+                    }
+                };
+                Some(durations.iter().map(|d| millis(*d)).collect())
+            }
+        })
     }
 
     /// A binary column's values for the given rows; `None` when the block lacks it.
@@ -195,7 +220,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             .iter()
             .map(|n| self.ints(n, rows))
             .collect::<Result<Vec<_>>>()?;
-        let attr_cols = self.attribute_columns(rows)?;
+        let attr_cols = self.attribute_columns(rows, &ints[3])?;
 
         let trace_ids = downcast::<FixedSizeBinaryArray>(&trace_ids, col::TRACE_ID)?;
         let span_ids = downcast::<FixedSizeBinaryArray>(&span_ids, col::SPAN_ID)?;
@@ -263,7 +288,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(out)
     }
 
-    fn attribute_columns(&self, rows: &Rows) -> Result<Vec<AttrColumn>> {
+    fn attribute_columns(&self, rows: &Rows, durations: &[i64]) -> Result<Vec<AttrColumn>> {
         let mut out = Vec::new();
         for c in &self.meta.columns {
             let (key, dedicated) = match c.kind {
@@ -284,6 +309,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     StorageError::corrupt("block meta", format!("{} has no type", c.name))
                 })?,
                 array,
+                derived: self.derived(c.transform, rows, Some(durations))?,
             });
         }
         Ok(out)
@@ -307,12 +333,17 @@ struct AttrColumn {
     dedicated: Option<usize>,
     ty: ColumnType,
     array: ArrayRef,
+    /// Values of a transformed column (the chunk then only says where they are present).
+    derived: Option<Vec<f64>>,
 }
 
 impl AttrColumn {
     fn value(&self, i: usize) -> Option<Value> {
         if self.array.is_null(i) {
             return None;
+        }
+        if let Some(derived) = &self.derived {
+            return Some(Value::Double(derived[i]));
         }
         let a = &self.array;
         Some(match self.ty {

@@ -6,13 +6,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int64Builder,
-    ListBuilder, StringBuilder,
+    ArrayRef, BinaryBuilder, BooleanBuilder, FixedSizeBinaryBuilder, Float64Array, Float64Builder,
+    Int8Array, Int64Builder, ListBuilder, StringBuilder,
 };
 use roaring::RoaringBitmap;
 
 use super::format::{
-    BlockMeta, ColumnKind, ColumnMeta, Enc, TraceEntry, encode_chunk, encode_postings,
+    BlockMeta, ColumnKind, ColumnMeta, Enc, TraceEntry, Transform, encode_chunk, encode_postings,
 };
 use crate::codec::Writer;
 use crate::error::Result;
@@ -116,7 +116,8 @@ impl TypedBuilder {
     fn finish(self) -> (ArrayRef, Enc) {
         match self {
             Self::Str(mut b) => (Arc::new(b.finish()), Enc::Dict),
-            Self::Int(mut b) => (Arc::new(b.finish()), Enc::Dict),
+            // token indexes and counters: delta costs ~0 bits on runs and sequences
+            Self::Int(mut b) => (Arc::new(b.finish()), Enc::Delta),
             Self::Double(mut b) => (Arc::new(b.finish()), Enc::Split),
             Self::Bool(mut b) => (Arc::new(b.finish()), Enc::Plain),
             Self::StrList(mut b) => (Arc::new(b.finish()), Enc::Dict),
@@ -368,17 +369,23 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
         (col::LONG_VALUES, Arc::new(long.finish()), Enc::Plain),
     ];
 
+    let durations: Vec<i64> = rows.iter().map(|s| s.duration_ns() as i64).collect();
     let mut columns = Vec::new();
     let mut chunks = Vec::new();
     let mut push = |name: String, ty, kind, array: ArrayRef, enc| -> Result<()> {
         if kind != ColumnKind::Core && array.null_count() == array.len() {
             return Ok(()); // absent attribute: no chunk at all
         }
+        let (array, enc, transform) = match derive_from_duration(&array, &durations) {
+            Some(presence) => (presence, Enc::Dict, Transform::DurationMillis),
+            None => (array, enc, Transform::None),
+        };
         let bytes = encode_chunk(&array, enc)?;
         columns.push(ColumnMeta {
             name: name.clone(),
             ty,
             kind,
+            transform,
             bytes: bytes.len() as u64,
         });
         chunks.push((name, bytes));
@@ -411,6 +418,23 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
         traces,
         postings: postings.encode()?,
     })
+}
+
+/// When a float column is the span duration in milliseconds wherever it is set, returns the
+/// column's presence alone (see [`Transform::DurationMillis`]).
+fn derive_from_duration(array: &ArrayRef, durations: &[i64]) -> Option<ArrayRef> {
+    let floats = array.as_any().downcast_ref::<Float64Array>()?;
+    let derived = floats
+        .iter()
+        .zip(durations)
+        .all(|(v, d)| v.is_none_or(|v| v.to_bits() == millis(*d).to_bits()));
+    derived
+        .then(|| Arc::new(floats.iter().map(|v| v.map(|_| 0i8)).collect::<Int8Array>()) as ArrayRef)
+}
+
+/// A duration in nanoseconds as milliseconds, the one formula writer and reader share.
+pub fn millis(duration_ns: i64) -> f64 {
+    duration_ns as f64 / 1e6
 }
 
 fn append_blob(b: &mut BinaryBuilder, empty: bool, write: impl FnOnce(&mut Writer)) {

@@ -338,3 +338,32 @@ fn backpressure_refuses_instead_of_queueing() {
     store.flush(true).unwrap();
     assert!(store.append(&t, random_traces(7, 1)).is_ok());
 }
+
+#[test]
+fn a_latency_that_repeats_the_duration_is_derived_not_stored_and_reads_back_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let t = tenant("a");
+    let mut spans = random_traces(8, 5);
+    for s in spans.iter_mut().filter(|s| s.name == "llm.decode.token") {
+        let ms = crate::block::writer::millis(s.duration_ns() as i64);
+        for kv in s
+            .attributes
+            .iter_mut()
+            .filter(|kv| kv.key == "llm.token.latency_ms")
+        {
+            kv.value = Value::Double(ms);
+        }
+    }
+    store.append(&t, spans.clone()).unwrap();
+    store.flush(true).unwrap();
+    let (_, meta) = &store.blocks(&t)[0];
+    let column = meta.column("d:llm.token.latency_ms").unwrap();
+    assert_eq!(
+        column.transform,
+        crate::block::format::Transform::DurationMillis
+    );
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+}
