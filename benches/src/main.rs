@@ -111,6 +111,9 @@ enum Cmd {
         /// Then measure trace-by-id latency over this many random traces (0: skip).
         #[arg(long, default_value_t = 1000)]
         lookups: usize,
+        /// Extra `weft serve` arguments, e.g. --server-arg=--flush-age=1h (repeatable).
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
     },
     /// Trace-by-id latency percentiles against a running server holding the generated data.
     Lookup {
@@ -159,14 +162,18 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             crash_restart,
             lookups,
-        } => rt.block_on(ingest(
-            data,
-            concurrency,
-            weft,
-            data_dir,
-            crash_restart,
-            lookups,
-        )),
+            server_arg,
+        } => {
+            let opts = IngestOpts {
+                concurrency,
+                weft,
+                data_dir,
+                crash_restart,
+                lookups,
+                server_args: server_arg,
+            };
+            rt.block_on(ingest(data, opts))
+        }
         Cmd::Lookup {
             data,
             target,
@@ -440,14 +447,25 @@ fn terminate(server: &mut Server) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ingest(
-    data: DataArgs,
+struct IngestOpts {
     concurrency: usize,
     weft: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     crash_restart: bool,
     lookups: usize,
-) -> anyhow::Result<()> {
+    server_args: Vec<String>,
+}
+
+async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
+    let IngestOpts {
+        concurrency,
+        weft,
+        data_dir,
+        crash_restart,
+        lookups,
+        server_args,
+    } = opts;
+    let extra: Vec<&str> = server_args.iter().map(String::as_str).collect();
     let bin = weft_binary(weft)?;
     let temp = tempfile::tempdir()?;
     let dir = data_dir.unwrap_or_else(|| temp.path().join("data"));
@@ -461,7 +479,7 @@ async fn ingest(
         .filter(|s| s.name == "llm.decode.token")
         .count();
 
-    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    let (mut server, _) = start_server(&bin, &dir, &extra).await?;
     let report = send(&server.otlp, messages, concurrency, 0.0, None).await?;
     let pid = server.child.id();
     let rss = peak_rss_kib(pid).unwrap_or(0);
