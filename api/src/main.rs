@@ -1,8 +1,14 @@
 //! The `weft` binary.
 
 use clap::{Parser, Subcommand};
+use mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 use weft_api::config::{Config, ServeArgs};
+
+/// Many small short-lived allocations (decoded spans, JSON answers) across threads: mimalloc
+/// spends less time and holds less memory than glibc's malloc here (measured: see README).
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
 
 /// Weft: a trace database for LLM serving. Takes OTLP traces over gRPC (4317) and HTTP (4318),
 /// stores them in a columnar RocksDB store, and answers queries on 3200.

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use roaring::RoaringBitmap;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, IteratorMode, Options,
@@ -120,8 +121,13 @@ pub struct Store {
     flush_lock: Mutex<()>,
     sync: WriteOptions,
     closed: AtomicBool,
+    /// Parsed footers of column chunks, by chunk key.
+    footers: Mutex<HashMap<Vec<u8>, ArrowReaderMetadata>>,
     pub stats: StoreStats,
 }
+
+/// Column-chunk footers kept in memory (a few KiB each).
+const FOOTER_CACHE_ENTRIES: usize = 16_384;
 
 /// What an append did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +185,7 @@ impl Store {
             flush_lock: Mutex::new(()),
             sync,
             closed: AtomicBool::new(false),
+            footers: Mutex::new(HashMap::new()),
             stats: StoreStats::default(),
         };
         store.recover()?;
@@ -401,10 +408,10 @@ impl Store {
     ) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
         let started = Instant::now();
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
-        let mut by_window: BTreeMap<u64, Vec<SpanRecord>> = BTreeMap::new();
+        let mut by_window: BTreeMap<u64, Vec<&SpanRecord>> = BTreeMap::new();
         for span in head.batches.iter().flat_map(|b| b.iter()) {
             let window = span.start.0 / window_ns * window_ns;
-            by_window.entry(window).or_default().push(span.clone());
+            by_window.entry(window).or_default().push(span);
         }
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
@@ -670,13 +677,13 @@ impl Store {
 
 /// Splits sorted-by-nothing rows into parts of at most `max` rows, never splitting a trace
 /// unless a single trace alone exceeds `max`.
-fn split_at_traces(mut rows: Vec<SpanRecord>, max: usize) -> Vec<Vec<SpanRecord>> {
+fn split_at_traces(mut rows: Vec<&SpanRecord>, max: usize) -> Vec<Vec<&SpanRecord>> {
     if rows.len() <= max {
         return vec![rows];
     }
     rows.sort_by_key(|s| (s.trace_id, s.start));
     let mut parts = Vec::new();
-    let mut current: Vec<SpanRecord> = Vec::new();
+    let mut current: Vec<&SpanRecord> = Vec::new();
     for span in rows {
         let boundary = current.last().is_some_and(|l| l.trace_id != span.trace_id);
         if current.len() >= max && (boundary || current.len() >= 2 * max) {
@@ -696,6 +703,25 @@ pub struct ChunkFetcher<'a> {
 }
 
 impl ChunkSource for ChunkFetcher<'_> {
+    fn metadata(&self, column: &str) -> Option<ArrowReaderMetadata> {
+        let key = keys::chunk(&self.tenant, self.addr, column);
+        self.store
+            .footers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    fn remember(&self, column: &str, metadata: &ArrowReaderMetadata) {
+        let key = keys::chunk(&self.tenant, self.addr, column);
+        let mut footers = self.store.footers.lock().unwrap_or_else(|e| e.into_inner());
+        if footers.len() >= FOOTER_CACHE_ENTRIES {
+            footers.clear(); // crude but bounded; blocks are immutable, so entries never go stale
+        }
+        footers.insert(key, metadata.clone());
+    }
+
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
         let key = keys::chunk(&self.tenant, self.addr, column);
         Ok(self

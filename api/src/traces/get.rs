@@ -53,7 +53,7 @@ pub async fn trace_by_id(
     } else {
         (
             [(header::CONTENT_TYPE, "application/json")],
-            encode_request(&message).to_string(),
+            encode_request(&message),
         )
             .into_response()
     })

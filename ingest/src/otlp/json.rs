@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::common::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span};
-use serde_json::{Map, Value as J, json};
+use serde_json::{Map, Value as J};
 
 use super::ExportTraceServiceRequest;
 use crate::error::IngestError;
@@ -410,121 +410,247 @@ pub fn decode_request(bytes: &[u8]) -> Result<ExportTraceServiceRequest, IngestE
     Ok(ExportTraceServiceRequest { resource_spans })
 }
 
-fn encode_value(v: &AnyValue) -> J {
-    use any_value::Value as V;
-    match &v.value {
-        None => json!({}),
-        Some(V::StringValue(s)) => json!({ "stringValue": s }),
-        Some(V::BoolValue(b)) => json!({ "boolValue": b }),
-        Some(V::IntValue(i)) => json!({ "intValue": i.to_string() }),
-        Some(V::DoubleValue(d)) if d.is_finite() => json!({ "doubleValue": d }),
-        Some(V::DoubleValue(d)) => {
-            let s = if d.is_nan() {
-                "NaN"
-            } else if *d > 0.0 {
-                "Infinity"
+/// Writes OTLP/JSON straight into a buffer: no intermediate document, since a trace read
+/// encodes hundreds of spans and building a `serde_json::Value` tree costs more than the read.
+struct Out(Vec<u8>);
+
+impl Out {
+    fn raw(&mut self, s: &str) {
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        serde_json::to_writer(&mut self.0, s).expect("writing to a Vec cannot fail");
+    }
+    fn num(&mut self, n: impl fmt::Display) {
+        use std::io::Write;
+        let _ = write!(self.0, "{n}");
+    }
+    /// `"key":` with a leading comma unless first.
+    fn key(&mut self, first: bool, key: &str) {
+        if !first {
+            self.raw(",");
+        }
+        self.str(key);
+        self.raw(":");
+    }
+    fn list<T>(&mut self, items: &[T], mut each: impl FnMut(&mut Self, &T)) {
+        self.raw("[");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.raw(",");
+            }
+            each(self, item);
+        }
+        self.raw("]");
+    }
+
+    fn value(&mut self, v: &AnyValue) {
+        use any_value::Value as V;
+        match &v.value {
+            None => self.raw("{}"),
+            Some(V::StringValue(s)) => {
+                self.raw("{\"stringValue\":");
+                self.str(s);
+                self.raw("}");
+            }
+            Some(V::BoolValue(b)) => self.raw(if *b {
+                "{\"boolValue\":true}"
             } else {
-                "-Infinity"
-            };
-            json!({ "doubleValue": s })
+                "{\"boolValue\":false}"
+            }),
+            Some(V::IntValue(i)) => {
+                self.raw("{\"intValue\":\"");
+                self.num(i);
+                self.raw("\"}");
+            }
+            Some(V::DoubleValue(d)) => {
+                self.raw("{\"doubleValue\":");
+                if d.is_finite() {
+                    serde_json::to_writer(&mut self.0, d).expect("finite float");
+                } else {
+                    self.str(if d.is_nan() {
+                        "NaN"
+                    } else if *d > 0.0 {
+                        "Infinity"
+                    } else {
+                        "-Infinity"
+                    });
+                }
+                self.raw("}");
+            }
+            Some(V::BytesValue(b)) => {
+                self.raw("{\"bytesValue\":");
+                self.str(&BASE64.encode(b));
+                self.raw("}");
+            }
+            Some(V::ArrayValue(a)) => {
+                self.raw("{\"arrayValue\":{\"values\":");
+                self.list(&a.values, |o, v| o.value(v));
+                self.raw("}}");
+            }
+            Some(V::KvlistValue(kv)) => {
+                self.raw("{\"kvlistValue\":{\"values\":");
+                self.attrs(&kv.values);
+                self.raw("}}");
+            }
+            Some(V::StringValueStrindex(i)) => {
+                self.raw("{\"stringValueStrindex\":");
+                self.num(i);
+                self.raw("}");
+            }
         }
-        Some(V::BytesValue(b)) => json!({ "bytesValue": BASE64.encode(b) }),
-        Some(V::ArrayValue(a)) => {
-            json!({ "arrayValue": { "values": a.values.iter().map(encode_value).collect::<Vec<_>>() } })
-        }
-        Some(V::KvlistValue(kv)) => {
-            json!({ "kvlistValue": { "values": encode_attrs(&kv.values) } })
-        }
-        Some(V::StringValueStrindex(i)) => json!({ "stringValueStrindex": i }),
     }
-}
 
-fn encode_attrs(kvs: &[KeyValue]) -> J {
-    J::Array(
-        kvs.iter()
-            .map(|kv| json!({ "key": kv.key, "value": kv.value.as_ref().map_or(json!({}), encode_value) }))
-            .collect(),
-    )
-}
+    fn attrs(&mut self, kvs: &[KeyValue]) {
+        self.list(kvs, |o, kv| {
+            o.raw("{\"key\":");
+            o.str(&kv.key);
+            o.raw(",\"value\":");
+            match &kv.value {
+                Some(v) => o.value(v),
+                None => o.raw("{}"),
+            }
+            o.raw("}");
+        });
+    }
 
-fn encode_span(s: &Span) -> J {
-    let mut o = json!({
-        "traceId": hex::encode(&s.trace_id),
-        "spanId": hex::encode(&s.span_id),
-        "name": s.name,
-        "kind": s.kind,
-        "startTimeUnixNano": s.start_time_unix_nano.to_string(),
-        "endTimeUnixNano": s.end_time_unix_nano.to_string(),
-        "attributes": encode_attrs(&s.attributes),
-        "status": s.status.as_ref().map_or(json!({}), |st| json!({ "code": st.code, "message": st.message })),
-    });
-    let m = o.as_object_mut().expect("object literal");
-    if !s.parent_span_id.is_empty() {
-        m.insert("parentSpanId".into(), hex::encode(&s.parent_span_id).into());
+    fn uint_str(&mut self, first: bool, key: &str, v: u64) {
+        self.key(first, key);
+        self.raw("\"");
+        self.num(v);
+        self.raw("\"");
     }
-    if !s.trace_state.is_empty() {
-        m.insert("traceState".into(), s.trace_state.clone().into());
-    }
-    if s.flags != 0 {
-        m.insert("flags".into(), s.flags.into());
-    }
-    for (name, n) in [
-        ("droppedAttributesCount", s.dropped_attributes_count),
-        ("droppedEventsCount", s.dropped_events_count),
-        ("droppedLinksCount", s.dropped_links_count),
-    ] {
-        if n != 0 {
-            m.insert(name.into(), n.into());
+
+    fn span(&mut self, s: &Span) {
+        self.raw("{");
+        self.key(true, "traceId");
+        self.str(&hex::encode(&s.trace_id));
+        self.key(false, "spanId");
+        self.str(&hex::encode(&s.span_id));
+        if !s.parent_span_id.is_empty() {
+            self.key(false, "parentSpanId");
+            self.str(&hex::encode(&s.parent_span_id));
         }
+        if !s.trace_state.is_empty() {
+            self.key(false, "traceState");
+            self.str(&s.trace_state);
+        }
+        if s.flags != 0 {
+            self.key(false, "flags");
+            self.num(s.flags);
+        }
+        self.key(false, "name");
+        self.str(&s.name);
+        self.key(false, "kind");
+        self.num(s.kind);
+        self.uint_str(false, "startTimeUnixNano", s.start_time_unix_nano);
+        self.uint_str(false, "endTimeUnixNano", s.end_time_unix_nano);
+        self.key(false, "attributes");
+        self.attrs(&s.attributes);
+        for (name, n) in [
+            ("droppedAttributesCount", s.dropped_attributes_count),
+            ("droppedEventsCount", s.dropped_events_count),
+            ("droppedLinksCount", s.dropped_links_count),
+        ] {
+            if n != 0 {
+                self.key(false, name);
+                self.num(n);
+            }
+        }
+        if !s.events.is_empty() {
+            self.key(false, "events");
+            self.list(&s.events, |o, e| {
+                o.raw("{");
+                o.uint_str(true, "timeUnixNano", e.time_unix_nano);
+                o.key(false, "name");
+                o.str(&e.name);
+                o.key(false, "attributes");
+                o.attrs(&e.attributes);
+                o.key(false, "droppedAttributesCount");
+                o.num(e.dropped_attributes_count);
+                o.raw("}");
+            });
+        }
+        if !s.links.is_empty() {
+            self.key(false, "links");
+            self.list(&s.links, |o, l| {
+                o.raw("{");
+                o.key(true, "traceId");
+                o.str(&hex::encode(&l.trace_id));
+                o.key(false, "spanId");
+                o.str(&hex::encode(&l.span_id));
+                o.key(false, "traceState");
+                o.str(&l.trace_state);
+                o.key(false, "attributes");
+                o.attrs(&l.attributes);
+                o.key(false, "droppedAttributesCount");
+                o.num(l.dropped_attributes_count);
+                o.key(false, "flags");
+                o.num(l.flags);
+                o.raw("}");
+            });
+        }
+        self.key(false, "status");
+        match &s.status {
+            Some(st) => {
+                self.raw("{\"code\":");
+                self.num(st.code);
+                self.raw(",\"message\":");
+                self.str(&st.message);
+                self.raw("}");
+            }
+            None => self.raw("{}"),
+        }
+        self.raw("}");
     }
-    if !s.events.is_empty() {
-        let events = s.events.iter().map(|e| {
-            json!({
-                "timeUnixNano": e.time_unix_nano.to_string(),
-                "name": e.name,
-                "attributes": encode_attrs(&e.attributes),
-                "droppedAttributesCount": e.dropped_attributes_count,
-            })
-        });
-        m.insert("events".into(), J::Array(events.collect()));
-    }
-    if !s.links.is_empty() {
-        let links = s.links.iter().map(|l| {
-            json!({
-                "traceId": hex::encode(&l.trace_id),
-                "spanId": hex::encode(&l.span_id),
-                "traceState": l.trace_state,
-                "attributes": encode_attrs(&l.attributes),
-                "droppedAttributesCount": l.dropped_attributes_count,
-                "flags": l.flags,
-            })
-        });
-        m.insert("links".into(), J::Array(links.collect()));
-    }
-    o
 }
 
 /// Encodes a message as OTLP/JSON (`{"resourceSpans": [...]}`), the shape Tempo and the
 /// OpenTelemetry Collector's file exporter use.
-pub fn encode_request(req: &ExportTraceServiceRequest) -> J {
-    let resource_spans = req.resource_spans.iter().map(|rs| {
-        let resource = rs.resource.as_ref().map_or(json!({}), |r| {
-            json!({ "attributes": encode_attrs(&r.attributes), "droppedAttributesCount": r.dropped_attributes_count })
+pub fn encode_request(req: &ExportTraceServiceRequest) -> Vec<u8> {
+    let mut o = Out(Vec::with_capacity(4096));
+    o.raw("{\"resourceSpans\":");
+    o.list(&req.resource_spans, |o, rs| {
+        o.raw("{\"resource\":");
+        match &rs.resource {
+            Some(r) => {
+                o.raw("{\"attributes\":");
+                o.attrs(&r.attributes);
+                o.raw(",\"droppedAttributesCount\":");
+                o.num(r.dropped_attributes_count);
+                o.raw("}");
+            }
+            None => o.raw("{}"),
+        }
+        o.raw(",\"scopeSpans\":");
+        o.list(&rs.scope_spans, |o, ss| {
+            o.raw("{\"scope\":");
+            match &ss.scope {
+                Some(sc) => {
+                    o.raw("{\"name\":");
+                    o.str(&sc.name);
+                    o.raw(",\"version\":");
+                    o.str(&sc.version);
+                    o.raw(",\"attributes\":");
+                    o.attrs(&sc.attributes);
+                    o.raw(",\"droppedAttributesCount\":");
+                    o.num(sc.dropped_attributes_count);
+                    o.raw("}");
+                }
+                None => o.raw("{}"),
+            }
+            o.raw(",\"spans\":");
+            o.list(&ss.spans, |o, s| o.span(s));
+            o.raw(",\"schemaUrl\":");
+            o.str(&ss.schema_url);
+            o.raw("}");
         });
-        let scope_spans = rs.scope_spans.iter().map(|ss| {
-            let scope = ss.scope.as_ref().map_or(json!({}), |s| {
-                json!({
-                    "name": s.name,
-                    "version": s.version,
-                    "attributes": encode_attrs(&s.attributes),
-                    "droppedAttributesCount": s.dropped_attributes_count,
-                })
-            });
-            json!({ "scope": scope, "spans": ss.spans.iter().map(encode_span).collect::<Vec<_>>(), "schemaUrl": ss.schema_url })
-        });
-        json!({ "resource": resource, "scopeSpans": scope_spans.collect::<Vec<_>>(), "schemaUrl": rs.schema_url })
+        o.raw(",\"schemaUrl\":");
+        o.str(&rs.schema_url);
+        o.raw("}");
     });
-    json!({ "resourceSpans": resource_spans.collect::<Vec<_>>() })
+    o.raw("}");
+    o.0
 }
 
 #[cfg(test)]
@@ -555,7 +681,16 @@ mod tests {
         assert_eq!(span.kind, 3);
         assert_eq!(span.status.as_ref().unwrap().code, 2);
         assert_eq!(span.attributes.len(), 4);
-        let again = decode_request(encode_request(&req).to_string().as_bytes()).unwrap();
+        let encoded = encode_request(&req);
+        let _: J = serde_json::from_slice(&encoded).expect("valid JSON");
+        let again = decode_request(&encoded).unwrap();
+        // (NaN != NaN, so compare encodings rather than messages)
+        assert_eq!(encode_request(&again), encoded);
+        assert!(
+            String::from_utf8(encoded)
+                .unwrap()
+                .contains(r#""doubleValue":"NaN""#)
+        );
         assert_eq!(
             again.resource_spans[0].scope_spans[0].spans[0].attributes[0],
             span.attributes[0]

@@ -26,7 +26,7 @@ use arrow::datatypes::{Field, Schema};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
 };
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -309,14 +309,27 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
 
 /// Decodes a column chunk, optionally only the selected rows (only their pages are read).
 pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<ArrayRef> {
-    // Only the offset index (page locations) is written; it lets a selection skip pages.
-    let policy = if selection.is_some() {
-        PageIndexPolicy::Optional
-    } else {
-        PageIndexPolicy::Skip
+    Ok(decode_chunk_with(bytes, selection, None)?.0)
+}
+
+/// Like [`decode_chunk`], reusing the chunk's parsed footer and page index when the caller has
+/// them; returns them for the caller to keep. A point read of a trace decodes one page of each
+/// of a block's columns, and parsing each chunk's footer again would cost more than the page.
+pub fn decode_chunk_with(
+    bytes: Bytes,
+    selection: Option<RowSelection>,
+    metadata: Option<ArrowReaderMetadata>,
+) -> Result<(ArrayRef, ArrowReaderMetadata)> {
+    let metadata = match metadata {
+        Some(m) => m,
+        // Only the offset index (page locations) is written; it lets a selection skip pages.
+        None => {
+            let options =
+                ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+            ArrowReaderMetadata::load(&bytes, options)?
+        }
     };
-    let options = ArrowReaderOptions::new().with_offset_index_policy(policy);
-    let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata.clone());
     let rows = builder.metadata().file_metadata().num_rows().max(1) as usize;
     let mut builder = builder.with_batch_size(rows);
     if let Some(selection) = selection {
@@ -326,14 +339,15 @@ pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<Arr
         .build()?
         .map(|b| b.map(|b| b.column(0).clone()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    match batches.len() {
-        0 => Err(StorageError::corrupt("column chunk", "no rows")),
-        1 => Ok(batches.into_iter().next().expect("one batch")),
+    let array = match batches.len() {
+        0 => return Err(StorageError::corrupt("column chunk", "no rows")),
+        1 => batches.into_iter().next().expect("one batch"),
         _ => {
             let refs: Vec<&dyn arrow::array::Array> = batches.iter().map(|a| a.as_ref()).collect();
-            Ok(concat(&refs)?)
+            concat(&refs)?
         }
-    }
+    };
+    Ok((array, metadata))
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@ use arrow::array::{
     Int64Array, ListArray, StringArray,
 };
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
 
-use super::format::{BlockMeta, ColumnKind, Transform, decode_chunk};
+use super::format::{BlockMeta, ColumnKind, Transform, decode_chunk_with};
 use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
@@ -63,6 +63,12 @@ impl Rows {
 /// Fetches a column chunk's bytes by column name.
 pub trait ChunkSource {
     fn chunk(&self, column: &str) -> Result<Option<Bytes>>;
+    /// A chunk's parsed footer, if the source keeps them.
+    fn metadata(&self, _column: &str) -> Option<ArrowReaderMetadata> {
+        None
+    }
+    /// Offers a chunk's parsed footer for keeping.
+    fn remember(&self, _column: &str, _metadata: &ArrowReaderMetadata) {}
 }
 
 pub struct BlockReader<'a, S: ChunkSource> {
@@ -92,7 +98,12 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let bytes = self.source.chunk(name)?.ok_or_else(|| {
             StorageError::corrupt("block", format!("column chunk {name} missing"))
         })?;
-        let array = decode_chunk(bytes, rows.selection(self.meta.rows))?;
+        let cached = self.source.metadata(name);
+        let known = cached.is_some();
+        let (array, metadata) = decode_chunk_with(bytes, rows.selection(self.meta.rows), cached)?;
+        if !known {
+            self.source.remember(name, &metadata);
+        }
         if array.len() != rows.len(self.meta.rows) {
             return Err(StorageError::corrupt(
                 "column chunk",

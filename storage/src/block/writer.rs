@@ -155,7 +155,7 @@ impl AttrColumn {
 
 /// Picks the dynamic columns of a block: the most frequent plain attribute keys, typed by
 /// their most frequent value type.
-fn choose_dynamic(rows: &[SpanRecord]) -> Vec<(String, ColumnType)> {
+fn choose_dynamic(rows: &[&SpanRecord]) -> Vec<(String, ColumnType)> {
     let mut counts: HashMap<(&str, ColumnType), usize> = HashMap::new();
     for kv in rows.iter().flat_map(|r| &r.attributes) {
         if dedicated_for(&kv.key).is_some() || is_long(&kv.key, &kv.value) {
@@ -185,11 +185,16 @@ fn choose_dynamic(rows: &[SpanRecord]) -> Vec<(String, ColumnType)> {
 struct Postings(BTreeMap<String, BTreeMap<String, RoaringBitmap>>);
 
 impl Postings {
-    fn add(&mut self, dim: &str, term: String, row: u32) {
+    fn add(&mut self, dim: &str, term: &str, row: u32) {
+        // The common case (a known dimension and term) allocates nothing.
+        if let Some(rows) = self.0.get_mut(dim).and_then(|terms| terms.get_mut(term)) {
+            rows.insert(row);
+            return;
+        }
         self.0
             .entry(dim.to_owned())
             .or_default()
-            .entry(term)
+            .entry(term.to_owned())
             .or_default()
             .insert(row);
     }
@@ -213,7 +218,7 @@ impl Postings {
 }
 
 /// Sorts `rows` by (trace, start, span) and builds the block.
-pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
+pub fn build_block(mut rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
     rows.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
     let dynamic = choose_dynamic(&rows);
     let dynamic_index: HashMap<&str, usize> = dynamic
@@ -296,7 +301,7 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
                 if DEDICATED[i].indexed
                     && let Some(term) = kv.value.as_term()
                 {
-                    postings.add(DEDICATED[i].name, term, row);
+                    postings.add(DEDICATED[i].name, &term, row);
                 }
                 continue;
             }
@@ -328,9 +333,9 @@ pub fn build_block(mut rows: Vec<SpanRecord>) -> Result<BuiltBlock> {
         for (b, v) in ints.iter_mut().zip(values) {
             b.append_value(v);
         }
-        postings.add(DIM_SERVICE, span.service_name().to_owned(), row);
-        postings.add(DIM_NAME, span.name.clone(), row);
-        postings.add(DIM_STATUS, span.status_code.as_str().to_owned(), row);
+        postings.add(DIM_SERVICE, span.service_name(), row);
+        postings.add(DIM_NAME, &span.name, row);
+        postings.add(DIM_STATUS, span.status_code.as_str(), row);
     }
 
     let traces = trace_entries(&rows);
@@ -456,7 +461,7 @@ fn write_kv_refs(w: &mut Writer, kvs: &[&KeyValue]) {
 }
 
 /// One entry per trace run of the sorted rows.
-fn trace_entries(rows: &[SpanRecord]) -> Vec<TraceEntry> {
+fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
     let mut out: Vec<TraceEntry> = Vec::new();
     for (i, span) in rows.iter().enumerate() {
         let new_trace = out.last().is_none_or(|e| e.trace_id != span.trace_id);
@@ -485,7 +490,7 @@ fn trace_entries(rows: &[SpanRecord]) -> Vec<TraceEntry> {
 
 /// For dimensions set on one span of a request (model version, worker, …), marks every row of
 /// the trace, so that "tokens of model version X" is one bitmap read.
-fn add_inherited_postings(postings: &mut Postings, rows: &[SpanRecord], traces: &[TraceEntry]) {
+fn add_inherited_postings(postings: &mut Postings, rows: &[&SpanRecord], traces: &[TraceEntry]) {
     for t in traces {
         let range = t.row_start..t.row_start + t.rows;
         let spans = &rows[range.start as usize..range.end as usize];
