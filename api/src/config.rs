@@ -46,7 +46,7 @@ pub struct ServeArgs {
     /// Age of the oldest unflushed row that triggers a flush, e.g. 10s [default: 10s].
     #[arg(long, env = "WEFT_FLUSH_AGE")]
     pub flush_age: Option<String>,
-    /// Unflushed rows above which writes get 429 until a flush catches up [default: 1048576].
+    /// Unflushed rows above which writes get 429 until a flush catches up [default: 524288].
     #[arg(long, env = "WEFT_MAX_PENDING_ROWS")]
     pub max_pending_rows: Option<usize>,
     /// Time window of a block, e.g. 1h [default: 1h].

@@ -29,7 +29,7 @@ def chdb_bytes(parquet: str, workdir: str) -> tuple[int, int]:
     from chdb import session
 
     s = session.Session(os.path.join(workdir, "chdb"))
-    described = s.query(f"DESCRIBE file('{parquet}', Parquet)", "TabSeparated").bytes().decode()
+    described = s.query(f"DESCRIBE file('{parquet}', Parquet)", "TabSeparatedRaw").bytes().decode()
     columns = []
     for line in described.strip().splitlines():
         name, ty = line.split("\t")[:2]

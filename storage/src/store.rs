@@ -53,7 +53,7 @@ impl Default for StoreOptions {
         Self {
             flush_rows: 131_072,
             flush_age: Duration::from_secs(10),
-            max_pending_rows: 1_048_576,
+            max_pending_rows: 524_288,
             window: Duration::from_secs(3600),
             cache_bytes: 128 << 20,
         }

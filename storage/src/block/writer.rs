@@ -353,7 +353,9 @@ pub fn build_block(mut rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
         (col::FLAGS, next_int(), Enc::Dict),
         (col::KIND, next_int(), Enc::Dict),
         (col::START, next_int(), Enc::Delta),
-        (col::DURATION, next_int(), Enc::Delta),
+        // durations do not sort: byte-stream-split (+zstd) beats delta on them (measured: 3.45 vs
+        // 4.17 bytes/span on generator data)
+        (col::DURATION, next_int(), Enc::Split),
         (col::STATUS_CODE, next_int(), Enc::Dict),
         (col::DROPPED_ATTRIBUTES, next_int(), Enc::Dict),
         (col::DROPPED_EVENTS, next_int(), Enc::Dict),
