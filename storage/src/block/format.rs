@@ -81,6 +81,9 @@ pub enum Transform {
     /// wherever the chunk is not null: token latency attributes repeat the span duration, and
     /// storing them again would cost as much as the duration itself.
     DurationMillis = 1,
+    /// Start times: the gap after the previous row's end, except on the first row of a trace
+    /// or of a page, which holds the absolute time.
+    GapAfterPreviousEnd = 2,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -144,6 +147,7 @@ impl BlockMeta {
             let transform = match r.u8()? {
                 0 => Transform::None,
                 1 => Transform::DurationMillis,
+                2 => Transform::GapAfterPreviousEnd,
                 t => {
                     return Err(StorageError::corrupt(
                         "block meta",

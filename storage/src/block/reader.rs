@@ -11,7 +11,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
 
-use super::format::{BlockMeta, ColumnKind, Transform, decode_chunk_with};
+use super::format::{BlockMeta, ColumnKind, PAGE_ROWS, Transform, decode_chunk_with};
 use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
@@ -138,8 +138,62 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 
     /// An int64 core column (start time, duration, …).
     pub fn ints(&self, name: &str, rows: &Rows) -> Result<Vec<i64>> {
+        let gaps = self
+            .meta
+            .column(name)
+            .is_some_and(|c| c.transform == Transform::GapAfterPreviousEnd);
+        if gaps {
+            return self.starts(rows);
+        }
+        self.raw_ints(name, rows)
+    }
+
+    fn raw_ints(&self, name: &str, rows: &Rows) -> Result<Vec<i64>> {
         let a = self.required(name, rows)?;
         Ok(downcast::<Int64Array>(&a, name)?.values().to_vec())
+    }
+
+    /// Absolute start times from gap-encoded ones (see [`Transform::GapAfterPreviousEnd`]): a
+    /// range is widened back to its page's first row, which holds an absolute time.
+    fn starts(&self, rows: &Rows) -> Result<Vec<i64>> {
+        match rows {
+            Rows::All => self.rebuild_starts(&Rows::All),
+            Rows::Range(start, len) => {
+                let back = start % PAGE_ROWS as u32;
+                let all = self.rebuild_starts(&Rows::Range(start - back, len + back))?;
+                Ok(all[back as usize..].to_vec())
+            }
+            Rows::Set(set) => {
+                let all = self.rebuild_starts(&Rows::All)?;
+                Ok(set
+                    .iter()
+                    .filter_map(|r| all.get(r as usize).copied())
+                    .collect())
+            }
+        }
+    }
+
+    /// `rows` must begin on a page boundary.
+    fn rebuild_starts(&self, rows: &Rows) -> Result<Vec<i64>> {
+        let gaps = self.raw_ints(col::START, rows)?;
+        let durations = self.raw_ints(col::DURATION, rows)?;
+        let traces = self.trace_ids(rows)?;
+        let first = match rows {
+            Rows::Range(start, _) => *start as usize,
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(gaps.len());
+        for i in 0..gaps.len() {
+            let absolute =
+                (first + i).is_multiple_of(PAGE_ROWS) || i == 0 || traces[i] != traces[i - 1];
+            let start = if absolute {
+                gaps[i]
+            } else {
+                out[i - 1] + durations[i - 1] + gaps[i]
+            };
+            out.push(start);
+        }
+        Ok(out)
     }
 
     /// An attribute column's values for the given rows; `None` when the block lacks it.
@@ -172,7 +226,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         durations: Option<&[i64]>,
     ) -> Result<Option<Vec<f64>>> {
         Ok(match transform {
-            Transform::None => None,
+            Transform::None | Transform::GapAfterPreviousEnd => None,
             Transform::DurationMillis => {
                 let owned;
                 let durations = match durations {

@@ -367,3 +367,48 @@ fn a_latency_that_repeats_the_duration_is_derived_not_stored_and_reads_back_equa
         assert_same(&store.trace(&t, &id).unwrap(), &want);
     }
 }
+
+#[test]
+fn gap_encoded_start_times_read_back_across_page_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            flush_rows: 100_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let t = tenant("a");
+    let spans = random_traces(9, 400);
+    assert!(
+        spans.len() > 2 * crate::block::format::PAGE_ROWS,
+        "several pages: {}",
+        spans.len()
+    );
+    store.append(&t, spans.clone()).unwrap();
+    store.flush(true).unwrap();
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+    let (addr, meta) = &store.blocks(&t)[0];
+    let reader = store.block_reader(&t, *addr, meta);
+    let all = reader.spans(&Rows::All, false).unwrap();
+    let every_seventh: RoaringBitmap = (0..meta.rows).step_by(7).collect();
+    let picked = reader
+        .ints(
+            crate::block::writer::col::START,
+            &Rows::Set(every_seventh.clone()),
+        )
+        .unwrap();
+    let want: Vec<i64> = every_seventh
+        .iter()
+        .map(|r| all[r as usize].start.0 as i64)
+        .collect();
+    assert_eq!(picked, want);
+    let unaligned = reader
+        .ints(crate::block::writer::col::START, &Rows::Range(5000, 300))
+        .unwrap();
+    let want: Vec<i64> = all[5000..5300].iter().map(|s| s.start.0 as i64).collect();
+    assert_eq!(unaligned, want);
+}
