@@ -492,9 +492,18 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     if crash_restart {
         server.child.kill()?;
         server.child.wait()?;
-        let (restarted, took) = start_server(&bin, &dir, &[]).await?;
+        let (restarted, took) = start_server(&bin, &dir, &extra).await?;
+        let metrics = Client::new()
+            .get(&format!("{}/metrics", restarted.http), &[])
+            .await?
+            .text();
+        let replayed = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("weft_head_rows "))
+            .unwrap_or("?")
+            .to_owned();
         println!(
-            "restart after kill -9: ready in {:.2} s",
+            "restart after kill -9: ready in {:.2} s, {replayed} write-ahead rows replayed",
             took.as_secs_f64()
         );
         server = restarted;
