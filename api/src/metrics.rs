@@ -191,11 +191,6 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
             "Estimated number of keys.",
         ),
         (
-            "weft_rocksdb_block_cache_bytes",
-            "rocksdb.block-cache-usage",
-            "Bytes in the block cache.",
-        ),
-        (
             "weft_rocksdb_pending_compaction_bytes",
             "rocksdb.estimate-pending-compaction-bytes",
             "Bytes compaction still has to rewrite.",
@@ -208,5 +203,11 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     ] {
         gauge(&mut out, name, help, store.rocksdb_property(prop) as f64);
     }
+    gauge(
+        &mut out,
+        "weft_rocksdb_block_cache_bytes",
+        "Bytes in the block cache (shared by all column families).",
+        store.rocksdb_db_property("rocksdb.block-cache-usage") as f64,
+    );
     out
 }

@@ -570,11 +570,6 @@ impl Store {
         }
     }
 
-    /// Tenants that hold any data.
-    pub fn tenants(&self) -> Vec<TenantId> {
-        self.lock().tenants.keys().cloned().collect()
-    }
-
     pub fn block_reader<'m>(
         &'m self,
         tenant: &TenantId,
@@ -641,7 +636,13 @@ impl Store {
         }
     }
 
-    /// A RocksDB integer property summed over the column families.
+    /// A database-wide RocksDB integer property (such as the shared block cache's usage),
+    /// read once rather than summed over column families.
+    pub fn rocksdb_db_property(&self, name: &str) -> u64 {
+        self.db.property_int_value(name).ok().flatten().unwrap_or(0)
+    }
+
+    /// A per-column-family RocksDB integer property summed over the column families.
     pub fn rocksdb_property(&self, name: &str) -> u64 {
         [CF_DATA, CF_META, CF_HEAD]
             .iter()

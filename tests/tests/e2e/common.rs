@@ -147,3 +147,10 @@ pub async fn search(
     assert_eq!(r.status, 200, "search {query}: {}", r.text());
     r.json().unwrap()
 }
+
+pub async fn metrics(c: &Client, w: &weft_tests::Weft) -> String {
+    c.get(&format!("{}/metrics", w.http), &[])
+        .await
+        .unwrap()
+        .text()
+}

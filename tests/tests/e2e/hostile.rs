@@ -218,11 +218,7 @@ async fn a_saturated_write_path_answers_429_with_retry_after() {
         !status.details().is_empty(),
         "RetryInfo is attached so OTLP clients retry"
     );
-    let metrics = c
-        .get(&format!("{}/metrics", w.http), &[])
-        .await
-        .unwrap()
-        .text();
+    let metrics = metrics(&c, &w).await;
     assert!(
         metrics.contains("weft_spans_rejected_total{reason=\"overloaded\"} 2"),
         "{metrics}"

@@ -134,11 +134,7 @@ async fn protobuf_over_http_reads_back_equal_before_and_after_flush() {
         .await
         .expect("trace after restart");
     assert_eq!(flatten(&got), flatten(&sent));
-    let metrics = c
-        .get(&format!("{}/metrics", w.http), &[])
-        .await
-        .unwrap()
-        .text();
+    let metrics = metrics(&c, &w).await;
     assert!(
         metrics.contains("weft_head_rows 0"),
         "flushed on SIGTERM:\n{metrics}"
