@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs what building and testing Weft needs, when it is missing: clang and libclang (RocksDB's
-# bindings), mold (a fast linker), and a Python virtual environment with the OpenTelemetry SDK
-# and pytest for the client tests. Safe to run again: it only installs what is absent.
+# bindings), mold (a fast linker), psql (the PostgreSQL client the SQL tests drive), and a Python
+# virtual environment with the OpenTelemetry SDK, psycopg, asyncpg and pytest for the client tests. Safe to run again: it only installs what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v mold >/dev/null 2>&1 || need_apt+=(mold)
+if [ "${1:-}" = "--python" ]; then
+  command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
+fi
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
   need_apt+=(libclang-dev)
 fi
@@ -19,8 +22,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if [ "${1:-}" = "--python" ]; then
-  if [ ! -x .venv/bin/pytest ] || ! .venv/bin/python -c "import opentelemetry.exporter.otlp.proto.grpc" 2>/dev/null; then
-    echo "setup: creating .venv with the OpenTelemetry SDK and pytest"
+  if [ ! -x .venv/bin/pytest ] || ! .venv/bin/python -c "import opentelemetry.exporter.otlp.proto.grpc, psycopg, asyncpg" 2>/dev/null; then
+    echo "setup: creating .venv with the OpenTelemetry SDK, psycopg, asyncpg and pytest"
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
   fi

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 use weft_ingest::Limits;
+use weft_query::sql::SqlConfig;
 use weft_storage::StoreOptions;
 
 use crate::time::parse_duration;
@@ -55,6 +56,18 @@ pub struct ServeArgs {
     /// RocksDB block cache in bytes [default: 134217728].
     #[arg(long, env = "WEFT_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
+    /// PostgreSQL wire protocol listen address, host:port [default: 127.0.0.1:5433].
+    #[arg(long, env = "WEFT_PG_LISTEN")]
+    pub pg_listen: Option<String>,
+    /// Password PostgreSQL clients must give (md5 authentication); unset accepts any user.
+    #[arg(long, env = "WEFT_PG_PASSWORD")]
+    pub pg_password: Option<String>,
+    /// Memory one SQL query may use in sorts, joins and aggregations, in bytes [default: 536870912].
+    #[arg(long, env = "WEFT_SQL_MEMORY_LIMIT")]
+    pub sql_memory_limit: Option<usize>,
+    /// Longest a SQL query may run, results included, e.g. 60s [default: 60s].
+    #[arg(long, env = "WEFT_SQL_TIMEOUT")]
+    pub sql_timeout: Option<String>,
     /// Log filter, e.g. info or weft=debug [default: info].
     #[arg(long, env = "WEFT_LOG")]
     pub log: Option<String>,
@@ -76,6 +89,10 @@ struct FileConfig {
     max_pending_rows: Option<usize>,
     block_window: Option<String>,
     cache_bytes: Option<usize>,
+    pg_listen: Option<String>,
+    pg_password: Option<String>,
+    sql_memory_limit: Option<usize>,
+    sql_timeout: Option<String>,
     log: Option<String>,
 }
 
@@ -88,6 +105,9 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub limits: Limits,
     pub store: StoreOptions,
+    pub pg_listen: SocketAddr,
+    pub pg_password: Option<String>,
+    pub sql: SqlConfig,
     pub log: String,
 }
 
@@ -210,7 +230,38 @@ impl Config {
                 detail: "must be at least flush_rows".into(),
             });
         }
+        let sql_default = SqlConfig::default();
+        let sql = SqlConfig {
+            memory_limit: positive(
+                "sql_memory_limit",
+                args.sql_memory_limit
+                    .or(file.sql_memory_limit)
+                    .unwrap_or(sql_default.memory_limit),
+            )?,
+            timeout: duration(
+                "sql_timeout",
+                args.sql_timeout.or(file.sql_timeout),
+                sql_default.timeout,
+            )?,
+            ..sql_default
+        };
+        if sql.timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "sql_timeout",
+                detail: "must be greater than 0".into(),
+            });
+        }
         Ok(Self {
+            pg_listen: addr(
+                "pg_listen",
+                args.pg_listen.or(file.pg_listen),
+                "127.0.0.1:5433",
+            )?,
+            pg_password: args
+                .pg_password
+                .or(file.pg_password)
+                .filter(|p| !p.is_empty()),
+            sql,
             data_dir: args
                 .data_dir
                 .or(file.data_dir)

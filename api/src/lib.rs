@@ -1,5 +1,6 @@
 //! The `weft` server: configuration, the OTLP receivers (HTTP and gRPC), the query API
-//! (native JSON; Tempo, Jaeger, Prometheus and PostgreSQL-wire surfaces come with their issues),
+//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol; Tempo, Jaeger and Prometheus
+//! surfaces come with their issues),
 //! health and self-metrics, and the process lifecycle.
 //!
 //! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
@@ -10,6 +11,7 @@ pub mod error;
 pub mod metrics;
 pub mod otlp;
 pub mod server;
+pub mod sql;
 pub mod state;
 pub mod time;
 pub mod traces;

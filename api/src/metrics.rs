@@ -54,6 +54,8 @@ pub struct RequestMetrics {
     pub otlp_http: Histogram,
     pub otlp_grpc: Histogram,
     pub api: Histogram,
+    pub sql_http: Histogram,
+    pub sql_pg: Histogram,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
@@ -100,6 +102,8 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         ("otlp_http", &requests.otlp_http),
         ("otlp_grpc", &requests.otlp_grpc),
         ("api", &requests.api),
+        ("sql_http", &requests.sql_http),
+        ("sql_pg", &requests.sql_pg),
     ] {
         h.render(
             &mut out,

@@ -16,12 +16,13 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use weft_ingest::Ingester;
+use weft_query::sql::SqlEngine;
 use weft_storage::Store;
 
 use crate::config::Config;
 use crate::metrics::{self, RequestMetrics};
 use crate::state::{AppState, SharedState};
-use crate::{otlp, traces};
+use crate::{otlp, sql, traces};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -49,6 +50,7 @@ pub fn api_router(state: SharedState) -> Router {
         .route("/ready", get(|| async { "ready\n" }))
         .route("/metrics", get(metrics_handler))
         .merge(traces::router())
+        .merge(sql::http::router())
         .with_state(state)
 }
 
@@ -117,11 +119,13 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         store: store.clone(),
         ingester,
         requests: RequestMetrics::default(),
+        sql: SqlEngine::new(store.clone(), config.sql.clone()),
     });
 
     let grpc_listener = bind(config.otlp_grpc_listen, "OTLP/gRPC").await?;
     let http_listener = bind(config.otlp_http_listen, "OTLP/HTTP").await?;
     let api_listener = bind(config.http_listen, "query API").await?;
+    let pg_listener = bind(config.pg_listen, "PostgreSQL wire").await?;
 
     let stop_flusher = Arc::new(AtomicBool::new(false));
     let flusher = start_flusher(store.clone(), stop_flusher.clone());
@@ -137,12 +141,19 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
     let api = axum::serve(api_listener, api_router(state.clone()))
         .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let pg = sql::pg::serve(
+        pg_listener,
+        state.clone(),
+        config.pg_password.clone(),
+        shutdown_signal(stop_rx.clone()),
+    );
 
     tracing::info!(
         data_dir = %config.data_dir.display(),
         otlp_grpc = %config.otlp_grpc_listen,
         otlp_http = %config.otlp_http_listen,
         http = %config.http_listen,
+        pg = %config.pg_listen,
         startup_ms = started.elapsed().as_millis() as u64,
         "weft is ready"
     );
@@ -151,7 +162,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         tracing::info!("shutting down: no new requests, flushing");
         let _ = stop_tx.send(true);
     });
-    let (g, h, a) = tokio::join!(
+    let (g, h, a, p) = tokio::join!(
         async {
             grpc.await.map_err(|e| ServeError::Server {
                 what: "OTLP/gRPC",
@@ -170,6 +181,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
                 detail: e.to_string(),
             })
         },
+        pg,
     );
     stop_flusher.store(true, Ordering::Release);
     flusher.thread().unpark();
@@ -180,5 +192,5 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         .expect("close task")
         .map_err(ServeError::Close)?;
     tracing::info!("store flushed and closed");
-    g.and(h).and(a)
+    g.and(h).and(a).and(Ok(p))
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use weft_ingest::Ingester;
+use weft_query::sql::SqlEngine;
 use weft_storage::Store;
 use weft_storage::model::TenantId;
 
@@ -14,6 +15,7 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub ingester: Arc<Ingester>,
     pub requests: RequestMetrics,
+    pub sql: SqlEngine,
 }
 
 pub type SharedState = Arc<AppState>;

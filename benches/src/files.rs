@@ -124,13 +124,9 @@ fn schema() -> Arc<Schema> {
     Arc::new(Schema::new(fields))
 }
 
+// As Weft's SQL shows them: OTLP lets receivers read UNSPECIFIED as INTERNAL.
 const KINDS: [&str; 6] = [
-    "UNSPECIFIED",
-    "INTERNAL",
-    "SERVER",
-    "CLIENT",
-    "PRODUCER",
-    "CONSUMER",
+    "INTERNAL", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER",
 ];
 const STATUS: [&str; 3] = ["UNSET", "OK", "ERROR"];
 

@@ -4,8 +4,10 @@
 //! trace through `llm-gateway`, `tokenizer`, `rag-retriever`, `vector-db`, `inference-engine`
 //! and `postprocessor`, with one `llm.decode.token` span per output token, a few percent of
 //! errors, Poisson arrivals and optional injected anomalies. The `weft-bench` binary writes it
-//! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups.
+//! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups;
+//! [`peers`] runs the canonical SQL queries on Weft, DuckDB and chDB over the same data.
 
 pub mod client;
 pub mod files;
 pub mod generator;
+pub mod peers;

@@ -115,6 +115,23 @@ enum Cmd {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// Load the same data into Weft, DuckDB and chDB, run the canonical queries on all three,
+    /// check that the answers agree, and compare times and bytes per span.
+    Peers {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+        /// Python with duckdb and chdb installed (benches/peers/requirements.txt).
+        #[arg(long, default_value = ".venv/bin/python")]
+        python: PathBuf,
+        /// Timed runs per query, after one warm-up; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+    },
     /// Trace-by-id latency percentiles against a running server holding the generated data.
     Lookup {
         #[command(flatten)]
@@ -174,6 +191,13 @@ fn main() -> anyhow::Result<()> {
             };
             rt.block_on(ingest(data, opts))
         }
+        Cmd::Peers {
+            data,
+            weft,
+            python,
+            runs,
+            concurrency,
+        } => rt.block_on(peers(data, weft, python, runs, concurrency)),
         Cmd::Lookup {
             data,
             target,
@@ -373,7 +397,7 @@ async fn start_server(
     dir: &Path,
     extra: &[&str],
 ) -> anyhow::Result<(Server, Duration)> {
-    let (grpc, otlp, http) = (free_port()?, free_port()?, free_port()?);
+    let (grpc, otlp, http, pg) = (free_port()?, free_port()?, free_port()?, free_port()?);
     let started = Instant::now();
     let child = Command::new(bin)
         .arg("serve")
@@ -386,6 +410,8 @@ async fn start_server(
             &format!("127.0.0.1:{otlp}"),
             "--http-listen",
             &format!("127.0.0.1:{http}"),
+            "--pg-listen",
+            &format!("127.0.0.1:{pg}"),
         ])
         .args(extra)
         .env("WEFT_LOG", "warn")
@@ -544,5 +570,50 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
             *bytes as f64 / spans as f64
         );
     }
+    Ok(())
+}
+
+async fn peers(
+    data: DataArgs,
+    weft: Option<PathBuf>,
+    python: PathBuf,
+    runs: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let bin = weft_binary(weft)?;
+    let temp = tempfile::tempdir()?;
+    let dir = temp.path().join("weft");
+    let parquet = temp.path().join("spans.parquet");
+    println!("generating {} spans (seed {})...", data.spans, data.seed);
+    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans))?;
+    let messages = data.encoded();
+    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    let report = send(&server.otlp, messages, concurrency, 0.0, None).await?;
+    println!("weft ingest: {report}");
+    terminate(&mut server)?;
+    let store = weft_storage::Store::open(&dir, Default::default())?;
+    store.compact();
+    drop(store);
+    let weft_bytes = dir_bytes(&dir) as f64 / rows as f64;
+    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+
+    let params = weft_bench::peers::Params::choose(&data.config());
+    let queries = weft_bench::peers::queries(&params);
+    println!(
+        "running {} queries on weft ({runs} runs each after a warm-up)...",
+        queries.len()
+    );
+    let weft_results = weft_bench::peers::run_weft(&server.http, &queries, runs).await?;
+    terminate(&mut server)?;
+    println!("loading duckdb and chdb and running the same queries...");
+    let work = temp.path().join("peers");
+    std::fs::create_dir_all(&work)?;
+    let peers = weft_bench::peers::run_peers(&python, &parquet, &queries, runs, &work)?;
+    println!(
+        "{rows} spans; trace {}, version {}, worker {}, adapter {}",
+        params.trace, params.version, params.worker, params.adapter
+    );
+    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes);
+    anyhow::ensure!(agree, "answers differ between engines (see above)");
     Ok(())
 }

@@ -3,10 +3,14 @@
 //! from the storage indexes: bitmap postings narrow rows before any column is decoded, and the
 //! per-block trace summaries answer without re-reading traces.
 //!
+//! The second piece is SQL ([`sql`]): DataFusion over Weft's tables, with the same indexes
+//! pushed down.
+//!
 //! It does not speak HTTP (that is `weft-api`) and does not decode OTLP.
 
 pub mod error;
 pub mod search;
+pub mod sql;
 
 pub use error::QueryError;
 pub use search::{SearchPage, SearchRequest, TraceSummary, search};

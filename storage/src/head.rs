@@ -1,7 +1,7 @@
 //! The head: rows acknowledged since the last flush, kept in memory (and in the write-ahead
 //! column family) and queryable at once.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,11 +12,12 @@ use crate::model::{SpanId, SpanRecord, TraceId};
 pub struct Head {
     pub batches: Vec<Arc<Vec<SpanRecord>>>,
     /// (batch, row) of each trace's rows.
-    pub by_trace: HashMap<TraceId, Vec<(u32, u32)>>,
+    pub by_trace: FxHashMap<TraceId, Vec<(u32, u32)>>,
     /// Write-ahead keys of the batches, deleted when the head becomes a block.
     pub wal_keys: Vec<Vec<u8>>,
     /// Span identities held or reserved by this head, so that a retried batch is stored once.
-    pub seen: HashSet<(TraceId, SpanId)>,
+    /// (Fx hashing: ids are random already, and SipHash showed at 4.6% of ingest CPU.)
+    pub seen: FxHashSet<(TraceId, SpanId)>,
     pub rows: usize,
     pub since: Option<Instant>,
 }

@@ -82,7 +82,7 @@ struct TenantState {
     frozen: Option<Arc<Head>>,
     /// Span identities of the last flushed head, so a retry arriving just after a flush is
     /// still stored once.
-    recent: HashSet<(TraceId, SpanId)>,
+    recent: rustc_hash::FxHashSet<(TraceId, SpanId)>,
     /// Copy-on-write, so a reader's snapshot is one reference count.
     blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
 }
@@ -316,9 +316,9 @@ impl Store {
         &self,
         tenant: &TenantId,
         spans: &[SpanRecord],
-    ) -> Result<HashSet<(TraceId, SpanId)>> {
-        let traces: HashSet<TraceId> = spans.iter().map(|s| s.trace_id).collect();
-        let mut out = HashSet::new();
+    ) -> Result<rustc_hash::FxHashSet<(TraceId, SpanId)>> {
+        let traces: rustc_hash::FxHashSet<TraceId> = spans.iter().map(|s| s.trace_id).collect();
+        let mut out = rustc_hash::FxHashSet::default();
         let blocks = {
             let state = self.lock();
             match state.tenants.get(tenant) {

@@ -29,6 +29,7 @@ def free_port() -> int:
 class Weft:
     def __init__(self, data_dir: pathlib.Path):
         self.grpc_port, self.otlp_port, self.http_port = free_port(), free_port(), free_port()
+        self.pg_port = free_port()
         self.http = f"http://127.0.0.1:{self.http_port}"
         self.otlp_http = f"http://127.0.0.1:{self.otlp_port}"
         self.otlp_grpc = f"127.0.0.1:{self.grpc_port}"
@@ -39,6 +40,7 @@ class Weft:
                 "--otlp-grpc-listen", self.otlp_grpc,
                 "--otlp-http-listen", f"127.0.0.1:{self.otlp_port}",
                 "--http-listen", f"127.0.0.1:{self.http_port}",
+                "--pg-listen", f"127.0.0.1:{self.pg_port}",
             ],
             env={**os.environ, "WEFT_LOG": "warn"},
         )

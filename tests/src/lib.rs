@@ -37,6 +37,8 @@ pub struct Weft {
     pub grpc: String,
     pub otlp: String,
     pub http: String,
+    /// PostgreSQL wire port.
+    pub pg: u16,
     extra: Vec<String>,
 }
 
@@ -49,6 +51,7 @@ impl Weft {
             grpc: String::new(),
             otlp: String::new(),
             http: String::new(),
+            pg: 0,
             extra,
         };
         w.spawn();
@@ -56,7 +59,8 @@ impl Weft {
     }
 
     fn spawn(&mut self) {
-        let (g, o, h) = (free_port(), free_port(), free_port());
+        let (g, o, h, p) = (free_port(), free_port(), free_port(), free_port());
+        self.pg = p;
         self.grpc = format!("http://127.0.0.1:{g}");
         self.otlp = format!("http://127.0.0.1:{o}");
         self.http = format!("http://127.0.0.1:{h}");
@@ -71,6 +75,8 @@ impl Weft {
                 &format!("127.0.0.1:{o}"),
                 "--http-listen",
                 &format!("127.0.0.1:{h}"),
+                "--pg-listen",
+                &format!("127.0.0.1:{p}"),
             ])
             .args(&self.extra)
             .env("WEFT_LOG", "warn")

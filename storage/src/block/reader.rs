@@ -250,6 +250,91 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(a.iter().map(|v| v.map(<[u8]>::to_vec)).collect()))
     }
 
+    /// An attribute column (`d:` dedicated or `a:` dynamic) as Arrow, with its type; a
+    /// transformed column comes back as the values it stands for. `None` when the block lacks it.
+    pub fn attribute_array(
+        &self,
+        name: &str,
+        rows: &Rows,
+    ) -> Result<Option<(ColumnType, ArrayRef)>> {
+        let Some(meta) = self.meta.column(name) else {
+            return Ok(None);
+        };
+        let ty = meta
+            .ty
+            .ok_or_else(|| StorageError::corrupt("block meta", format!("{name} has no type")))?;
+        let Some(array) = self.column(name, rows)? else {
+            return Ok(None);
+        };
+        Ok(Some(match self.derived(meta.transform, rows, None)? {
+            Some(values) => {
+                let floats: Float64Array = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| array.is_valid(i).then_some(*v))
+                    .collect();
+                (ty, Arc::new(floats) as ArrayRef)
+            }
+            None => (ty, array),
+        }))
+    }
+
+    /// Every attribute of each row (typed columns, the generic map, and long values when asked
+    /// for), under the name each was sent with.
+    pub fn row_attributes(&self, rows: &Rows, with_long: bool) -> Result<Vec<Vec<KeyValue>>> {
+        let durations = self.ints(col::DURATION, rows)?;
+        let alias = self.ints(col::ALIAS_MASK, rows)?;
+        let attr_cols = self.attribute_columns(rows, &durations)?;
+        let other = self.required(col::ATTRIBUTES_OTHER, rows)?;
+        let other = downcast::<BinaryArray>(&other, col::ATTRIBUTES_OTHER)?;
+        let long = if with_long {
+            Some(self.required(col::LONG_VALUES, rows)?)
+        } else {
+            None
+        };
+        let long = long
+            .as_ref()
+            .map(|l| downcast::<BinaryArray>(l, col::LONG_VALUES))
+            .transpose()?;
+        (0..durations.len())
+            .map(|i| collect_attributes(&attr_cols, alias[i], [Some(other), long], i))
+            .collect()
+    }
+
+    /// The events of each row.
+    pub fn events(&self, rows: &Rows) -> Result<Vec<Vec<Event>>> {
+        let a = self.required(col::EVENTS, rows)?;
+        let a = downcast::<BinaryArray>(&a, col::EVENTS)?;
+        (0..a.len())
+            .map(|i| blob_or_default(a, i, |r| r.events()))
+            .collect()
+    }
+
+    /// The links of each row.
+    pub fn links(&self, rows: &Rows) -> Result<Vec<Vec<Link>>> {
+        let a = self.required(col::LINKS, rows)?;
+        let a = downcast::<BinaryArray>(&a, col::LINKS)?;
+        (0..a.len())
+            .map(|i| blob_or_default(a, i, |r| r.links()))
+            .collect()
+    }
+
+    /// The resource of each row (each distinct one decoded once).
+    pub fn resources(&self, rows: &Rows) -> Result<Vec<Arc<Resource>>> {
+        let a = self.required(col::RESOURCE, rows)?;
+        let a = downcast::<BinaryArray>(&a, col::RESOURCE)?;
+        let mut shared = SharedDecoder::default();
+        (0..a.len()).map(|i| shared.resource(a.value(i))).collect()
+    }
+
+    /// The instrumentation scope of each row (each distinct one decoded once).
+    pub fn scopes(&self, rows: &Rows) -> Result<Vec<Arc<Scope>>> {
+        let a = self.required(col::SCOPE, rows)?;
+        let a = downcast::<BinaryArray>(&a, col::SCOPE)?;
+        let mut shared = SharedDecoder::default();
+        (0..a.len()).map(|i| shared.scope(a.value(i))).collect()
+    }
+
     /// Whole spans for the given rows; long values only when asked for.
     #[allow(clippy::needless_range_loop)] // one row index across many columns
     pub fn spans(&self, rows: &Rows, with_long: bool) -> Result<Vec<SpanRecord>> {
@@ -306,25 +391,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let mut shared = SharedDecoder::default();
         let mut out = Vec::with_capacity(trace_ids.len());
         for i in 0..trace_ids.len() {
-            let alias_mask = ints[8][i];
-            let mut attributes = Vec::new();
-            for c in &attr_cols {
-                if let Some(v) = c.value(i) {
-                    let key = match (
-                        c.dedicated,
-                        alias_mask & (1 << c.dedicated.unwrap_or(0)) != 0,
-                    ) {
-                        (Some(d), true) => DEDICATED[d].alias.unwrap_or(DEDICATED[d].name),
-                        _ => c.key.as_str(),
-                    };
-                    attributes.push(KeyValue::new(key, v));
-                }
-            }
-            for blob in [Some(other), long].into_iter().flatten() {
-                if blob.is_valid(i) {
-                    attributes.extend(Reader::new(blob.value(i)).attrs()?);
-                }
-            }
+            let attributes = collect_attributes(&attr_cols, ints[8][i], [Some(other), long], i)?;
             let start = ints[2][i] as u64;
             out.push(SpanRecord {
                 trace_id: TraceId::from_slice(trace_ids.value(i)).unwrap_or_default(),
@@ -379,6 +446,34 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }
         Ok(out)
     }
+}
+
+/// One row's attributes from the typed columns and the blob columns.
+fn collect_attributes(
+    attr_cols: &[AttrColumn],
+    alias_mask: i64,
+    blobs: [Option<&BinaryArray>; 2],
+    i: usize,
+) -> Result<Vec<KeyValue>> {
+    let mut attributes = Vec::new();
+    for c in attr_cols {
+        if let Some(v) = c.value(i) {
+            let key = match (
+                c.dedicated,
+                alias_mask & (1 << c.dedicated.unwrap_or(0)) != 0,
+            ) {
+                (Some(d), true) => DEDICATED[d].alias.unwrap_or(DEDICATED[d].name),
+                _ => c.key.as_str(),
+            };
+            attributes.push(KeyValue::new(key, v));
+        }
+    }
+    for blob in blobs.into_iter().flatten() {
+        if blob.is_valid(i) {
+            attributes.extend(Reader::new(blob.value(i)).attrs()?);
+        }
+    }
+    Ok(attributes)
 }
 
 fn blob_or_default<T: Default>(

@@ -5,3 +5,4 @@ mod crash;
 mod hostile;
 mod ingest;
 mod search;
+mod sql;

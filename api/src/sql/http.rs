@@ -1,0 +1,182 @@
+//! `POST /api/v1/sql`: `{"query": "...", "format": "json" | "csv" | "arrow"}`, results streamed.
+//!
+//! The first batch is computed before the answer starts, so that planning errors and errors
+//! of the first rows get a proper status and a JSON body naming the problem (and where in the
+//! query it is). An error after rows have been sent ends a JSON answer with an `"error"` member
+//! and cuts a CSV or Arrow answer short (the client sees a broken stream, never a silently
+//! truncated one).
+
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+use weft_query::sql::{SqlError, SqlErrorKind};
+
+use super::encode::{Encoder, Format};
+use crate::state::{SharedState, tenant};
+
+pub fn router() -> Router<SharedState> {
+    Router::new().route("/api/v1/sql", post(sql))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SqlRequest {
+    query: String,
+    #[serde(default)]
+    format: Option<String>,
+}
+
+fn status_of(e: &SqlError) -> StatusCode {
+    match e.kind {
+        SqlErrorKind::NotAQuery | SqlErrorKind::Invalid | SqlErrorKind::Execution => {
+            StatusCode::BAD_REQUEST
+        }
+        SqlErrorKind::ResourcesExhausted => StatusCode::UNPROCESSABLE_ENTITY,
+        SqlErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        SqlErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+pub fn error_json(e: &SqlError) -> serde_json::Value {
+    let mut v = json!({ "error": e.message, "kind": format!("{:?}", e.kind) });
+    if let Some(l) = e.line {
+        v["line"] = json!(l);
+    }
+    if let Some(c) = e.column {
+        v["column"] = json!(c);
+    }
+    v
+}
+
+fn error_response(e: &SqlError) -> Response {
+    if e.kind == SqlErrorKind::Internal {
+        tracing::error!(error = %e.message, "query failed");
+    }
+    (status_of(e), Json(error_json(e))).into_response()
+}
+
+fn bad_request(message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({ "error": message, "kind": "Invalid" })),
+    )
+        .into_response()
+}
+
+async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let tenant = match tenant(&headers) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let req: SqlRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return bad_request(format!(
+                "request body must be JSON like {{\"query\": \"SELECT ...\", \"format\": \"json\"}}: {e}"
+            ));
+        }
+    };
+    let format = match req.format.as_deref().map(Format::parse).transpose() {
+        Ok(f) => f.unwrap_or(Format::Json),
+        Err(e) => return bad_request(e),
+    };
+    let engine = state.sql.clone();
+    let limit = engine.config().timeout;
+    let deadline = tokio::time::Instant::now() + limit;
+    let query = match tokio::time::timeout_at(deadline, engine.query(&tenant, &req.query)).await {
+        Ok(Ok(q)) => q,
+        Ok(Err(e)) => return error_response(&e),
+        Err(_) => return error_response(&SqlError::timeout(limit)),
+    };
+    let mut stream = query.stream;
+    let mut encoder = match Encoder::new(format, query.schema) {
+        Ok(e) => e,
+        Err(e) => return error_response(&e),
+    };
+    // The first batch decides the status.
+    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
+        Ok(Some(Ok(b))) => Some(b),
+        Ok(None) => None,
+        Ok(Some(Err(e))) => return error_response(&SqlError::from_datafusion(e, false)),
+        Err(_) => return error_response(&SqlError::timeout(limit)),
+    };
+    let mut head = encoder.begin();
+    if let Some(b) = &first {
+        match encoder.batch(b) {
+            Ok(bytes) => head.extend_from_slice(&bytes),
+            Err(e) => return error_response(&e),
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let metrics_state = state.clone();
+    tokio::spawn(async move {
+        if tx.send(Ok(Bytes::from(head))).await.is_err() {
+            return; // client went away: dropping the stream cancels the query
+        }
+        let mut failure = None;
+        if first.is_some() {
+            loop {
+                match tokio::time::timeout_at(deadline, stream.next()).await {
+                    Ok(Some(Ok(b))) => match encoder.batch(&b) {
+                        Ok(bytes) => {
+                            if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    },
+                    Ok(None) => break,
+                    Ok(Some(Err(e))) => {
+                        failure = Some(SqlError::from_datafusion(e, false));
+                        break;
+                    }
+                    Err(_) => {
+                        failure = Some(SqlError::timeout(limit));
+                        break;
+                    }
+                }
+            }
+        }
+        match failure {
+            None => {
+                let _ = tx.send(Ok(Bytes::from(encoder.end(None)))).await;
+            }
+            Some(e) => {
+                tracing::warn!(error = %e.message, "query failed after its first rows were sent");
+                match encoder.end(Some(&error_json(&e))) {
+                    tail if format == Format::Json => {
+                        let _ = tx.send(Ok(Bytes::from(tail))).await;
+                    }
+                    _ => {
+                        let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+                    }
+                }
+            }
+        }
+        metrics_state.requests.sql_http.observe(started.elapsed());
+    });
+    let body = Body::from_stream(tokio_stream_from(rx));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, format.content_type())
+        .body(body)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

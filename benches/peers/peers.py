@@ -1,0 +1,117 @@
+"""The peers' side of `weft-bench peers`: loads the generator's Parquet export into DuckDB and
+into chDB (embedded ClickHouse), runs the canonical queries, and prints one JSON document with,
+per engine, bytes on disk per span and, per query, the best time of N runs (after one warm-up)
+and the rows.
+
+Usage: python benches/peers/peers.py data.parquet queries.json RUNS WORKDIR
+
+DuckDB: a table sorted by (service_name, name, start_time), checkpointed. chDB: a MergeTree
+ordered as ClickHouse trace stores order spans (service, span name, time, trace id), ZSTD(3) on
+every column, Delta on times, and a bloom-filter skip index on trace_id (as the OpenTelemetry
+ClickHouse exporter's schema has), merged to one part.
+"""
+
+import datetime as dt
+import decimal
+import json
+import os
+import sys
+import time
+
+
+def norm(v):
+    if isinstance(v, (dt.datetime, dt.date)):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    return v
+
+
+def timed(run, runs):
+    rows = run()  # warm-up
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        rows = run()
+        best = min(best, (time.perf_counter() - t) * 1e3)
+    return best, rows
+
+
+def duckdb_engine(parquet, workdir):
+    import duckdb
+
+    path = os.path.join(workdir, "spans.duckdb")
+    con = duckdb.connect(path)
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(
+        "CREATE TABLE spans AS SELECT * FROM read_parquet(?) ORDER BY service_name, name, start_time",
+        [parquet],
+    )
+    rows = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    con.execute("CHECKPOINT")
+    size = os.path.getsize(path) + (os.path.getsize(path + ".wal") if os.path.exists(path + ".wal") else 0)
+
+    def run(sql):
+        return [[norm(v) for v in r] for r in con.execute(sql).fetchall()]
+
+    return rows, size, run
+
+
+def chdb_engine(parquet, workdir):
+    from chdb import session
+
+    s = session.Session(os.path.join(workdir, "chdb"))
+    described = s.query(f"DESCRIBE file('{parquet}', Parquet)", "TabSeparatedRaw").bytes().decode()
+    columns = []
+    for line in described.strip().splitlines():
+        name, ty = line.split("\t")[:2]
+        if name in ("service_name", "name", "start_time", "trace_id"):
+            ty = ty.replace("Nullable(", "").rstrip(")") if ty.startswith("Nullable(") else ty
+        codec = "CODEC(Delta, ZSTD(3))" if "DateTime64" in ty or name == "duration_ns" else "CODEC(ZSTD(3))"
+        columns.append(f"`{name}` {ty} {codec}")
+    columns.append("INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1")
+    s.query("CREATE DATABASE IF NOT EXISTS bench")
+    s.query(
+        f"CREATE TABLE bench.spans ({', '.join(columns)}) ENGINE = MergeTree "
+        "ORDER BY (service_name, name, start_time, trace_id)"
+    )
+    s.query(f"INSERT INTO bench.spans SELECT * FROM file('{parquet}', Parquet)")
+    s.query("OPTIMIZE TABLE bench.spans FINAL")
+    rows = int(s.query("SELECT count() FROM bench.spans", "CSV").bytes().decode().strip())
+    size = int(
+        s.query(
+            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = 'bench' AND table = 'spans' AND active",
+            "CSV",
+        ).bytes().decode().strip()
+    )
+    s.query("USE bench")
+
+    def run(sql):
+        out = s.query(sql + " SETTINGS output_format_json_quote_64bit_integers = 0, session_timezone = 'UTC'", "JSONCompact")
+        doc = json.loads(out.bytes().decode() or "{}")
+        return [[norm(v) for v in r] for r in doc.get("data", [])]
+
+    return rows, size, run
+
+
+def main():
+    parquet, spec, runs, workdir = os.path.abspath(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    queries = json.load(open(spec))
+    result = {}
+    for engine, make in (("duckdb", duckdb_engine), ("chdb", chdb_engine)):
+        os.makedirs(os.path.join(workdir, engine), exist_ok=True)
+        rows, size, run = make(parquet, os.path.join(workdir, engine))
+        out = {"rows": rows, "bytes": size, "bytes_per_span": size / rows, "queries": {}}
+        for q in queries:
+            try:
+                ms, got = timed(lambda: run(q[engine]), runs)
+                out["queries"][q["id"]] = {"ms": ms, "rows": got}
+            except Exception as e:  # report, do not hide: the comparison shows it
+                out["queries"][q["id"]] = {"ms": None, "rows": [], "error": str(e)}
+                print(f"{engine} {q['id']}: {e}", file=sys.stderr)
+        result[engine] = out
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+//! `weft-bench peers`: the same generator data in Weft, DuckDB and chDB (embedded ClickHouse),
+//! the canonical queries on all three, answers checked against each other, times compared.
+//!
+//! Weft is queried over its HTTP SQL API (Arrow IPC results), the peers in-process through their
+//! Python packages (`benches/peers/peers.py`), each query warmed once and then timed as the best
+//! of several runs. Timestamps in answers are compared as Unix microseconds (DuckDB keeps
+//! microseconds), floats with a relative tolerance of 1e-9.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::DataType;
+use serde_json::{Value, json};
+
+use crate::generator::{GenConfig, Generator, anomaly};
+
+/// One canonical query in each engine's dialect.
+pub struct PeerQuery {
+    pub id: &'static str,
+    pub what: &'static str,
+    pub weft: String,
+    pub duckdb: String,
+    pub chdb: String,
+    /// Whether row order is part of the answer.
+    pub ordered: bool,
+}
+
+/// The parameters the queries are instantiated with, chosen from the data.
+pub struct Params {
+    pub trace: String,
+    pub version: String,
+    pub worker: String,
+    pub adapter: String,
+    pub t0: u64,
+    pub mid: u64,
+    pub t1: u64,
+}
+
+impl Params {
+    /// A trace from the middle of the data, and the dimensions of a generate span of the slow
+    /// version with the slow adapter; the window is the data's, in whole seconds.
+    pub fn choose(cfg: &GenConfig) -> Self {
+        let mut g = Generator::new(cfg.clone());
+        let mut requests = Vec::new();
+        while let Some(r) = g.next_request() {
+            requests.push(r);
+        }
+        let middle = &requests[requests.len() / 2];
+        let (mut version, mut worker, mut adapter) = (
+            anomaly::SLOW_VERSION.to_owned(),
+            "worker-0".to_owned(),
+            anomaly::SLOW_ADAPTER.to_owned(),
+        );
+        let find = |s: &opentelemetry_proto::tonic::trace::v1::Span, key: &str| {
+            s.attributes
+                .iter()
+                .find(|a| a.key == key)
+                .and_then(|a| a.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(
+                        opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(x),
+                    ) => Some(x.clone()),
+                    _ => None,
+                })
+        };
+        'outer: for r in requests.iter().skip(requests.len() / 3) {
+            for (_, s) in &r.spans {
+                if s.name == "llm.generate"
+                    && find(s, "llm.lora_adapter").as_deref() == Some(anomaly::SLOW_ADAPTER)
+                {
+                    version = find(s, "llm.model_version").unwrap_or(version);
+                    worker = find(s, "worker.id").unwrap_or(worker);
+                    adapter = find(s, "llm.lora_adapter").unwrap_or(adapter);
+                    break 'outer;
+                }
+            }
+        }
+        let first = requests.first().map_or(cfg.start_ns, |r| r.start_ns);
+        let last = requests.last().map_or(cfg.start_ns, |r| r.start_ns);
+        let sec = 1_000_000_000;
+        let t0 = first / sec * sec;
+        let t1 = (last / sec + 60) * sec;
+        let mid = (t0 + (last - first) / 2) / sec * sec;
+        Self {
+            trace: hex::encode(middle.trace_id),
+            version,
+            worker,
+            adapter,
+            t0,
+            mid,
+            t1,
+        }
+    }
+}
+
+fn rfc3339(ns: u64) -> String {
+    let t =
+        chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32)
+            .unwrap_or_default();
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn duck_ts(ns: u64) -> String {
+    let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0).unwrap_or_default();
+    format!("TIMESTAMPTZ '{}'", t.format("%Y-%m-%d %H:%M:%S+00"))
+}
+
+fn ch_ts(ns: u64) -> String {
+    format!("fromUnixTimestamp64Nano(toInt64({ns}), 'UTC')")
+}
+
+/// The canonical queries of the issue (Q7, log text, comes with the logs issue).
+pub fn queries(p: &Params) -> Vec<PeerQuery> {
+    let (w0, wm, w1) = (rfc3339(p.t0), rfc3339(p.mid), rfc3339(p.t1));
+    let (d0, dm, d1) = (duck_ts(p.t0), duck_ts(p.mid), duck_ts(p.t1));
+    let (c0, cm, c1) = (ch_ts(p.t0), ch_ts(p.mid), ch_ts(p.t1));
+    let (trace, version, worker, adapter) = (&p.trace, &p.version, &p.worker, &p.adapter);
+    let q8 = |us: &str, t0: &str, t1: &str, q: char| {
+        // share of each dimension value among slow decode spans vs all decode spans, by lift
+        let dims = [
+            ("llm.model_version", false),
+            ("llm.lora_adapter", false),
+            ("worker.id", false),
+            ("llm.kv_cache_strategy", false),
+            ("llm.batch_size", true),
+        ];
+        let cast = |c: &str, int: bool| {
+            let col = format!("g.{q}{c}{q}");
+            if !int {
+                col
+            } else if us == "ch" {
+                format!("toString({col})")
+            } else {
+                format!("CAST({col} AS VARCHAR)")
+            }
+        };
+        let arms: Vec<String> = dims
+            .iter()
+            .map(|(c, int)| {
+                format!(
+                    "SELECT '{c}' AS dimension, {} AS value, d.duration_ns > 100000000 AS slow FROM d JOIN g ON d.trace_id = g.trace_id",
+                    cast(c, *int)
+                )
+            })
+            .collect();
+        format!(
+            "WITH g AS (SELECT trace_id, {q}llm.model_version{q}, {q}llm.lora_adapter{q}, {q}worker.id{q}, {q}llm.kv_cache_strategy{q}, {q}llm.batch_size{q} FROM spans WHERE name = 'llm.generate'), \
+             d AS (SELECT trace_id, duration_ns FROM spans WHERE name = 'llm.decode.token' AND start_time >= {t0} AND start_time < {t1}), \
+             v AS ({}), \
+             c AS (SELECT dimension, value, sum(CASE WHEN slow THEN 1 ELSE 0 END) AS slow_n, count(*) AS all_n FROM v GROUP BY dimension, value), \
+             t AS (SELECT dimension, sum(slow_n) AS slow_t, sum(all_n) AS all_t FROM c GROUP BY dimension) \
+             SELECT c.dimension, c.value, c.slow_n, c.all_n, round((c.slow_n * 1.0 / t.slow_t) / (c.all_n * 1.0 / t.all_t), 6) AS lift \
+             FROM c JOIN t ON c.dimension = t.dimension WHERE t.slow_t > 0 ORDER BY lift DESC, c.dimension, c.value",
+            arms.join(" UNION ALL ")
+        )
+    };
+    vec![
+        PeerQuery {
+            id: "Q1",
+            what: "all spans of one trace by id",
+            weft: format!("SELECT span_id, name, CAST(start_time AS BIGINT) / 1000 AS start_us, duration_ns FROM spans WHERE trace_id = '{trace}' ORDER BY start_us, span_id"),
+            duckdb: format!("SELECT span_id, name, epoch_us(start_time) AS start_us, duration_ns FROM spans WHERE trace_id = '{trace}' ORDER BY start_us, span_id"),
+            chdb: format!("SELECT span_id, name, toUnixTimestamp64Micro(start_time) AS start_us, duration_ns FROM spans WHERE trace_id = '{trace}' ORDER BY start_us, span_id"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q2",
+            what: "20 newest inference-engine spans of one model version over 2 s, first half",
+            weft: format!("SELECT trace_id, CAST(start_time AS BIGINT) / 1000 AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND \"llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= '{w0}' AND start_time < '{wm}' ORDER BY start_time DESC LIMIT 20"),
+            duckdb: format!("SELECT trace_id, epoch_us(start_time) AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND \"llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= {d0} AND start_time < {dm} ORDER BY start_time DESC LIMIT 20"),
+            chdb: format!("SELECT trace_id, toUnixTimestamp64Micro(start_time) AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND `llm.model_version` = '{version}' AND duration_ns > 2000000000 AND start_time >= {c0} AND start_time < {cm} ORDER BY start_time DESC LIMIT 20"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q3",
+            what: "decode spans by (10 s bucket, floor(log2(latency us)))",
+            weft: "SELECT CAST(date_bin(INTERVAL '10 seconds', start_time) AS BIGINT) / 1000 AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(time_bucket(INTERVAL '10 seconds', start_time)) AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT intDiv(toUnixTimestamp64Micro(start_time), 10000000) * 10000000 AS bucket_us, toInt64(floor(log2(duration_ns / 1000.0))) AS lat, count() AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY bucket_us, lat ORDER BY bucket_us, lat".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q4",
+            what: "p50/p95/p99 of llm.prefill duration by model version per minute",
+            weft: "SELECT CAST(date_trunc('minute', p.start_time) AS BIGINT) / 1000 AS minute_us, g.\"llm.model_version\" AS version, percentile_cont(0.5) WITHIN GROUP (ORDER BY p.duration_ns) AS p50, percentile_cont(0.95) WITHIN GROUP (ORDER BY p.duration_ns) AS p95, percentile_cont(0.99) WITHIN GROUP (ORDER BY p.duration_ns) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(date_trunc('minute', p.start_time)) AS minute_us, g.\"llm.model_version\" AS version, quantile_cont(p.duration_ns, 0.5) AS p50, quantile_cont(p.duration_ns, 0.95) AS p95, quantile_cont(p.duration_ns, 0.99) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT toUnixTimestamp64Micro(toStartOfMinute(p.start_time)) AS minute_us, g.`llm.model_version` AS version, quantileExactInclusive(0.5)(p.duration_ns) AS p50, quantileExactInclusive(0.95)(p.duration_ns) AS p95, quantileExactInclusive(0.99)(p.duration_ns) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY minute_us, version ORDER BY minute_us, version".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q5",
+            what: "per service per minute: requests, errors, p99 duration",
+            weft: "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000 AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) AS p99 FROM spans GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT service_name, epoch_us(date_trunc('minute', start_time)) AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, quantile_cont(duration_ns, 0.99) AS p99 FROM spans GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT service_name, toUnixTimestamp64Micro(toStartOfMinute(start_time)) AS minute_us, count() AS requests, countIf(status_code = 'ERROR') AS errors, quantileExactInclusive(0.99)(duration_ns) AS p99 FROM spans GROUP BY service_name, minute_us ORDER BY service_name, minute_us".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q6",
+            what: "spans and distinct traces of one (model version, worker, LoRA adapter)",
+            weft: format!("SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces FROM spans WHERE \"llm.model_version\" = '{version}' AND \"worker.id\" = '{worker}' AND \"llm.lora_adapter\" = '{adapter}'"),
+            duckdb: format!("SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces FROM spans WHERE \"llm.model_version\" = '{version}' AND \"worker.id\" = '{worker}' AND \"llm.lora_adapter\" = '{adapter}'"),
+            chdb: format!("SELECT count() AS spans, uniqExact(trace_id) AS traces FROM spans WHERE `llm.model_version` = '{version}' AND `worker.id` = '{worker}' AND `llm.lora_adapter` = '{adapter}'"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q8",
+            what: "dimension values among slow (>100 ms) vs all decode spans, by lift",
+            weft: q8("weft", &format!("'{w0}'"), &format!("'{w1}'"), '"'),
+            duckdb: q8("duck", &d0, &d1, '"'),
+            chdb: q8("ch", &c0, &c1, '`'),
+            ordered: false,
+        },
+    ]
+}
+
+/// Answers as JSON values: strings, integers, floats; NULL as null.
+fn batches_to_rows(batches: &[arrow::array::RecordBatch]) -> anyhow::Result<Vec<Vec<Value>>> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let mut row = Vec::with_capacity(b.num_columns());
+            for c in b.columns() {
+                if c.is_null(r) {
+                    row.push(Value::Null);
+                    continue;
+                }
+                let c = match c.data_type() {
+                    DataType::Int8
+                    | DataType::Int16
+                    | DataType::Int32
+                    | DataType::UInt8
+                    | DataType::UInt16
+                    | DataType::UInt32
+                    | DataType::UInt64 => arrow::compute::cast(c, &DataType::Int64)?,
+                    DataType::Float32 | DataType::Decimal128(_, _) => {
+                        arrow::compute::cast(c, &DataType::Float64)?
+                    }
+                    DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(_, _) => {
+                        arrow::compute::cast(c, &DataType::Utf8)?
+                    }
+                    _ => c.clone(),
+                };
+                row.push(match c.data_type() {
+                    DataType::Int64 => {
+                        json!(c.as_primitive::<arrow::datatypes::Int64Type>().value(r))
+                    }
+                    DataType::Float64 => {
+                        json!(c.as_primitive::<arrow::datatypes::Float64Type>().value(r))
+                    }
+                    DataType::Utf8 => json!(c.as_string::<i32>().value(r)),
+                    DataType::Boolean => json!(c.as_boolean().value(r)),
+                    other => bail!("unexpected result type {other}"),
+                });
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+        _ => a == b,
+    }
+}
+
+fn same_rows(a: &[Vec<Value>], b: &[Vec<Value>], ordered: bool) -> bool {
+    let key = |r: &Vec<Value>| {
+        r.iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\u{1}")
+    };
+    let sort = |rows: &[Vec<Value>]| {
+        let mut v = rows.to_vec();
+        if !ordered {
+            v.sort_by_key(key);
+        }
+        v
+    };
+    let (a, b) = (sort(a), sort(b));
+    a.len() == b.len()
+        && a.iter()
+            .zip(&b)
+            .all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(u, v)| same_value(u, v)))
+}
+
+/// Runs the queries on Weft over HTTP (Arrow IPC): best of `runs` after one warm-up.
+pub async fn run_weft(
+    http: &str,
+    queries: &[PeerQuery],
+    runs: usize,
+) -> anyhow::Result<BTreeMap<&'static str, (f64, Vec<Vec<Value>>)>> {
+    let client = crate::client::Client::new();
+    let mut out = BTreeMap::new();
+    for q in queries {
+        let mut best = f64::MAX;
+        let mut rows = Vec::new();
+        for i in 0..=runs {
+            let started = Instant::now();
+            let reply = client
+                .post(
+                    &format!("{http}/api/v1/sql"),
+                    &[("content-type", "application/json")],
+                    json!({"query": q.weft, "format": "arrow"}).to_string(),
+                )
+                .await?;
+            if reply.status != hyper::StatusCode::OK {
+                bail!("{}: {} {}", q.id, reply.status, reply.text());
+            }
+            let reader = arrow::ipc::reader::StreamReader::try_new(
+                std::io::Cursor::new(reply.body.to_vec()),
+                None,
+            )?;
+            let batches = reader.collect::<Result<Vec<_>, _>>()?;
+            let took = started.elapsed().as_secs_f64() * 1e3;
+            if i > 0 {
+                best = best.min(took);
+            }
+            rows = batches_to_rows(&batches)?;
+        }
+        out.insert(q.id, (best, rows));
+    }
+    Ok(out)
+}
+
+/// Runs `benches/peers/peers.py` and reads its JSON answer.
+pub fn run_peers(
+    python: &Path,
+    parquet: &Path,
+    queries: &[PeerQuery],
+    runs: usize,
+    workdir: &Path,
+) -> anyhow::Result<Value> {
+    let spec: Vec<Value> = queries
+        .iter()
+        .map(|q| json!({"id": q.id, "duckdb": q.duckdb, "chdb": q.chdb}))
+        .collect();
+    let spec_path = workdir.join("queries.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec)?)?;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers/peers.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(parquet)
+        .arg(&spec_path)
+        .arg(runs.to_string())
+        .arg(workdir)
+        .output()
+        .with_context(|| format!("run {} {}", python.display(), script.display()))?;
+    if !out.status.success() {
+        bail!("peers.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout).context("peers.py output")?)
+}
+
+/// Prints the comparison and returns whether every answer agreed.
+pub fn report(
+    queries: &[PeerQuery],
+    weft: &BTreeMap<&'static str, (f64, Vec<Vec<Value>>)>,
+    peers: &Value,
+    weft_bytes_per_span: f64,
+) -> bool {
+    let mut all_agree = true;
+    println!(
+        "{:<4} {:>7} {:>11} {:>11} {:>11} {:>12}  agree  {}",
+        "q", "rows", "weft ms", "duckdb ms", "chdb ms", "weft/best", "what"
+    );
+    for q in queries {
+        let (w_ms, w_rows) = &weft[q.id];
+        let peer = |engine: &str| -> (f64, Vec<Vec<Value>>) {
+            let e = &peers[engine]["queries"][q.id];
+            let rows = e["rows"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .map(|row| row.as_array().cloned().unwrap_or_default())
+                        .collect()
+                })
+                .unwrap_or_default();
+            (e["ms"].as_f64().unwrap_or(f64::NAN), rows)
+        };
+        let (d_ms, d_rows) = peer("duckdb");
+        let (c_ms, c_rows) = peer("chdb");
+        let agree = same_rows(w_rows, &d_rows, q.ordered) && same_rows(w_rows, &c_rows, q.ordered);
+        all_agree &= agree;
+        let best = d_ms.min(c_ms);
+        println!(
+            "{:<4} {:>7} {:>11.2} {:>11.2} {:>11.2} {:>12.3}  {:<5}  {}",
+            q.id,
+            w_rows.len(),
+            w_ms,
+            d_ms,
+            c_ms,
+            w_ms / best,
+            if agree { "yes" } else { "NO" },
+            q.what
+        );
+        if !agree {
+            let show = |rows: &Vec<Vec<Value>>| {
+                rows.iter()
+                    .take(3)
+                    .map(|r| Value::Array(r.clone()).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            println!("     weft:   {} rows: {}", w_rows.len(), show(w_rows));
+            println!("     duckdb: {} rows: {}", d_rows.len(), show(&d_rows));
+            println!("     chdb:   {} rows: {}", c_rows.len(), show(&c_rows));
+        }
+    }
+    println!(
+        "bytes on disk per span: weft {:.2}, duckdb {:.2}, chdb {:.2}",
+        weft_bytes_per_span,
+        peers["duckdb"]["bytes_per_span"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        peers["chdb"]["bytes_per_span"].as_f64().unwrap_or(f64::NAN)
+    );
+    all_agree
+}

@@ -1,0 +1,660 @@
+//! The columns of the `spans` table and how each is built from a block or from head rows.
+//!
+//! Fixed columns come first, then one per dedicated LLM attribute (named exactly as the
+//! attribute), then one per dynamic attribute key present in the tenant's data, then the
+//! `attributes` and `resource_attributes` maps that answer for any key.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
+    Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, TimestampNanosecondArray,
+};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::error::{DataFusionError, Result};
+use weft_storage::block::BlockMeta;
+use weft_storage::block::format::ColumnKind;
+use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
+use weft_storage::block::writer::col;
+use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, Value};
+use weft_storage::schema::{
+    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
+};
+use weft_storage::store::Snapshot;
+
+/// Dynamic columns offered per tenant at most; any other key is still in `attributes`.
+pub const MAX_DYNAMIC_COLUMNS: usize = 256;
+
+/// Where a column of the `spans` table comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SpanCol {
+    TraceId,
+    SpanId,
+    ParentSpanId,
+    ServiceName,
+    Name,
+    Kind,
+    StatusCode,
+    StatusMessage,
+    StartTime,
+    EndTime,
+    DurationNs,
+    TraceState,
+    Flags,
+    ScopeName,
+    ScopeVersion,
+    /// Index into [`DEDICATED`].
+    Dedicated(usize),
+    /// A dynamic attribute key and the SQL type it is offered as.
+    Dynamic(String, DataType),
+    Attributes,
+    ResourceAttributes,
+}
+
+impl SpanCol {
+    /// The postings dimension of a column indexed by roaring bitmaps.
+    pub fn dimension(&self) -> Option<&'static str> {
+        match self {
+            SpanCol::ServiceName => Some(DIM_SERVICE),
+            SpanCol::Name => Some(DIM_NAME),
+            SpanCol::StatusCode => Some(DIM_STATUS),
+            SpanCol::Dedicated(i) if DEDICATED[*i].indexed => Some(DEDICATED[*i].name),
+            _ => None,
+        }
+    }
+}
+
+pub fn timestamp_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
+}
+
+pub fn map_type() -> DataType {
+    MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
+        .finish()
+        .data_type()
+        .clone()
+}
+
+pub fn list_type() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
+}
+
+pub fn sql_type(ty: ColumnType) -> DataType {
+    match ty {
+        ColumnType::Str => DataType::Utf8,
+        ColumnType::Int => DataType::Int64,
+        ColumnType::Double => DataType::Float64,
+        ColumnType::Bool => DataType::Boolean,
+        ColumnType::StrList => list_type(),
+    }
+}
+
+/// The columns of a tenant's `spans` table as of a snapshot.
+#[derive(Clone, Debug)]
+pub struct SpanColumns {
+    pub cols: Vec<SpanCol>,
+    pub schema: SchemaRef,
+}
+
+const FIXED: &[(&str, SpanCol)] = &[
+    ("trace_id", SpanCol::TraceId),
+    ("span_id", SpanCol::SpanId),
+    ("parent_span_id", SpanCol::ParentSpanId),
+    ("service_name", SpanCol::ServiceName),
+    ("name", SpanCol::Name),
+    ("kind", SpanCol::Kind),
+    ("status_code", SpanCol::StatusCode),
+    ("status_message", SpanCol::StatusMessage),
+    ("start_time", SpanCol::StartTime),
+    ("end_time", SpanCol::EndTime),
+    ("duration_ns", SpanCol::DurationNs),
+    ("trace_state", SpanCol::TraceState),
+    ("flags", SpanCol::Flags),
+    ("scope_name", SpanCol::ScopeName),
+    ("scope_version", SpanCol::ScopeVersion),
+];
+
+impl SpanColumns {
+    /// Discovers the dynamic columns of a snapshot: every dynamic attribute key of its blocks
+    /// and head rows, typed by what was stored (mixed ints and doubles become float64, any
+    /// other mix text).
+    pub fn discover(snapshot: &Snapshot) -> Self {
+        let mut keys: BTreeMap<String, Vec<ColumnType>> = BTreeMap::new();
+        let mut offer = |key: &str, ty: ColumnType| {
+            let types = keys.entry(key.to_owned()).or_default();
+            if !types.contains(&ty) {
+                types.push(ty);
+            }
+        };
+        for meta in snapshot.blocks.values() {
+            for c in &meta.columns {
+                if c.kind == ColumnKind::Dynamic
+                    && let Some(ty) = c.ty
+                {
+                    offer(&c.name[col::DYNAMIC_PREFIX.len()..], ty);
+                }
+            }
+        }
+        for span in snapshot.head.rows() {
+            for kv in &span.attributes {
+                if dedicated_for(&kv.key).is_some()
+                    || weft_storage::schema::is_long(&kv.key, &kv.value)
+                {
+                    continue;
+                }
+                // as in blocks: lists of strings stay in the generic map unless dedicated
+                if let Some(ty) = ColumnType::of(&kv.value).filter(|t| *t != ColumnType::StrList) {
+                    offer(&kv.key, ty);
+                }
+            }
+        }
+        Self::with_dynamic(keys)
+    }
+
+    fn with_dynamic(keys: BTreeMap<String, Vec<ColumnType>>) -> Self {
+        let mut fields = Vec::new();
+        let mut cols = Vec::new();
+        for (name, c) in FIXED {
+            let (ty, nullable) = match c {
+                SpanCol::StartTime | SpanCol::EndTime => (timestamp_type(), false),
+                SpanCol::DurationNs | SpanCol::Flags => (DataType::Int64, false),
+                SpanCol::ParentSpanId => (DataType::Utf8, true),
+                _ => (DataType::Utf8, false),
+            };
+            fields.push(Field::new(*name, ty, nullable));
+            cols.push(c.clone());
+        }
+        for (i, d) in DEDICATED.iter().enumerate() {
+            fields.push(Field::new(d.name, sql_type(d.ty), true));
+            cols.push(SpanCol::Dedicated(i));
+        }
+        let taken = |k: &str| {
+            FIXED.iter().any(|(n, _)| *n == k)
+                || dedicated_for(k).is_some()
+                || k == "attributes"
+                || k == "resource_attributes"
+        };
+        for (key, types) in keys
+            .into_iter()
+            .filter(|(k, _)| !taken(k))
+            .take(MAX_DYNAMIC_COLUMNS)
+        {
+            let ty = match types.as_slice() {
+                [one] => sql_type(*one),
+                _ if types
+                    .iter()
+                    .all(|t| matches!(t, ColumnType::Int | ColumnType::Double)) =>
+                {
+                    DataType::Float64
+                }
+                _ => DataType::Utf8,
+            };
+            fields.push(Field::new(&key, ty.clone(), true));
+            cols.push(SpanCol::Dynamic(key, ty));
+        }
+        fields.push(Field::new("attributes", map_type(), false));
+        cols.push(SpanCol::Attributes);
+        fields.push(Field::new("resource_attributes", map_type(), false));
+        cols.push(SpanCol::ResourceAttributes);
+        Self {
+            cols,
+            schema: Arc::new(Schema::new(fields)),
+        }
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.schema.index_of(name).ok()
+    }
+}
+
+fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+fn kind_str(kind: SpanKind) -> &'static str {
+    match kind {
+        SpanKind::Server => "SERVER",
+        SpanKind::Client => "CLIENT",
+        SpanKind::Producer => "PRODUCER",
+        SpanKind::Consumer => "CONSUMER",
+        // OTLP: receivers may treat UNSPECIFIED as INTERNAL.
+        SpanKind::Internal | SpanKind::Unspecified => "INTERNAL",
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
+    let width = a.value_length() as usize * 2;
+    let mut b = StringBuilder::with_capacity(a.len(), a.len() * width);
+    let mut buf = [0u8; 32];
+    for i in 0..a.len() {
+        if a.is_null(i) {
+            b.append_null();
+            continue;
+        }
+        for (j, byte) in a.value(i).iter().enumerate() {
+            buf[2 * j] = HEX[(byte >> 4) as usize];
+            buf[2 * j + 1] = HEX[(byte & 15) as usize];
+        }
+        b.append_value(std::str::from_utf8(&buf[..width]).unwrap_or_default());
+    }
+    Arc::new(b.finish())
+}
+
+/// An attribute value as map text: strings as they are, numbers and bools as SQL would print
+/// them, arrays and maps as JSON.
+pub fn value_text(v: &Value) -> Option<String> {
+    Some(match v {
+        Value::Empty => return None,
+        Value::Str(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        Value::Int(i) => i.to_string(),
+        Value::Double(d) => d.to_string(),
+        Value::Bytes(b) => hex::encode(b),
+        other => value_json(other).to_string(),
+    })
+}
+
+fn value_json(v: &Value) -> String {
+    fn go(v: &Value, out: &mut String) {
+        match v {
+            Value::Empty => out.push_str("null"),
+            Value::Str(s) => {
+                out.push('"');
+                for c in s.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+            }
+            Value::Bool(b) => out.push_str(&b.to_string()),
+            Value::Int(i) => out.push_str(&i.to_string()),
+            Value::Double(d) if d.is_finite() => out.push_str(&d.to_string()),
+            Value::Double(_) => out.push_str("null"),
+            Value::Bytes(b) => go(&Value::Str(hex::encode(b)), out),
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    go(item, out);
+                }
+                out.push(']');
+            }
+            Value::KvList(kvs) => {
+                out.push('{');
+                for (i, kv) in kvs.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    go(&Value::Str(kv.key.clone()), out);
+                    out.push(':');
+                    go(&kv.value, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+    let mut out = String::new();
+    go(v, &mut out);
+    out
+}
+
+fn map_column<'a>(rows: impl Iterator<Item = &'a [KeyValue]>) -> Result<ArrayRef> {
+    let mut b = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+    for kvs in rows {
+        for kv in kvs {
+            b.keys().append_value(&kv.key);
+            b.values().append_option(value_text(&kv.value));
+        }
+        b.append(true)?;
+    }
+    Ok(Arc::new(b.finish()))
+}
+
+/// Builds a column of `ty` from attribute values; values of another type are converted where
+/// that is lossless in meaning (an int as a float, anything as text) and NULL otherwise.
+pub fn values_column(ty: &DataType, values: impl Iterator<Item = Option<Value>>) -> ArrayRef {
+    match ty {
+        DataType::Int64 => {
+            let mut b = Int64Builder::new();
+            values.for_each(|v| {
+                b.append_option(if let Some(Value::Int(i)) = v {
+                    Some(i)
+                } else {
+                    None
+                })
+            });
+            Arc::new(b.finish())
+        }
+        DataType::Float64 => {
+            let mut b = Float64Builder::new();
+            values.for_each(|v| {
+                b.append_option(match v {
+                    Some(Value::Double(d)) => Some(d),
+                    Some(Value::Int(i)) => Some(i as f64),
+                    _ => None,
+                })
+            });
+            Arc::new(b.finish())
+        }
+        DataType::Boolean => {
+            let mut b = BooleanBuilder::new();
+            values.for_each(|v| {
+                b.append_option(if let Some(Value::Bool(x)) = v {
+                    Some(x)
+                } else {
+                    None
+                })
+            });
+            Arc::new(b.finish())
+        }
+        DataType::List(_) => {
+            let mut b = ListBuilder::new(StringBuilder::new());
+            for v in values {
+                match v {
+                    Some(Value::Array(items)) => {
+                        for item in items {
+                            b.values().append_option(value_text(&item));
+                        }
+                        b.append(true);
+                    }
+                    _ => b.append(false),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        _ => {
+            let mut b = StringBuilder::new();
+            values.for_each(|v| b.append_option(v.as_ref().and_then(value_text)));
+            Arc::new(b.finish())
+        }
+    }
+}
+
+fn conform(array: ArrayRef, ty: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == ty {
+        Ok(array)
+    } else {
+        Ok(cast(&array, ty)?)
+    }
+}
+
+/// Reads the given columns of some rows of a block.
+pub fn read_block<S: ChunkSource>(
+    reader: &BlockReader<'_, S>,
+    rows: &Rows,
+    columns: &SpanColumns,
+    projection: &[usize],
+) -> Result<Vec<ArrayRef>> {
+    let meta: &BlockMeta = reader.meta;
+    let n = rows.len(meta.rows);
+    let s = |e| storage_err(e);
+    let mut starts: Option<Vec<i64>> = None;
+    let mut durations: Option<Vec<i64>> = None;
+    let mut other: Option<Vec<Option<Vec<KeyValue>>>> = None;
+    let mut out = Vec::with_capacity(projection.len());
+    for &p in projection {
+        let field = columns.schema.field(p);
+        let array: ArrayRef = match &columns.cols[p] {
+            SpanCol::TraceId | SpanCol::SpanId | SpanCol::ParentSpanId => {
+                let name = match &columns.cols[p] {
+                    SpanCol::TraceId => col::TRACE_ID,
+                    SpanCol::SpanId => col::SPAN_ID,
+                    _ => col::PARENT_SPAN_ID,
+                };
+                let a = required(reader, name, rows)?;
+                let a = a
+                    .as_any()
+                    .downcast_ref::<FixedSizeBinaryArray>()
+                    .ok_or_else(|| DataFusionError::Internal(format!("{name}: unexpected type")))?;
+                hex_column(a)
+            }
+            SpanCol::ServiceName => {
+                conform(required(reader, col::SERVICE, rows)?, &DataType::Utf8)?
+            }
+            SpanCol::Name => conform(required(reader, col::NAME, rows)?, &DataType::Utf8)?,
+            SpanCol::StatusMessage => conform(
+                required(reader, col::STATUS_MESSAGE, rows)?,
+                &DataType::Utf8,
+            )?,
+            SpanCol::TraceState => {
+                conform(required(reader, col::TRACE_STATE, rows)?, &DataType::Utf8)?
+            }
+            SpanCol::Kind => {
+                let k = reader.ints(col::KIND, rows).map_err(s)?;
+                Arc::new(StringArray::from_iter_values(
+                    k.iter().map(|k| kind_str(SpanKind::from_u8(*k as u8))),
+                ))
+            }
+            SpanCol::StatusCode => {
+                let c = reader.ints(col::STATUS_CODE, rows).map_err(s)?;
+                Arc::new(StringArray::from_iter_values(
+                    c.iter().map(|c| StatusCode::from_u8(*c as u8).as_str()),
+                ))
+            }
+            SpanCol::Flags => Arc::new(Int64Array::from(reader.ints(col::FLAGS, rows).map_err(s)?)),
+            SpanCol::StartTime | SpanCol::EndTime | SpanCol::DurationNs => {
+                if starts.is_none() && columns.cols[p] != SpanCol::DurationNs {
+                    starts = Some(reader.ints(col::START, rows).map_err(s)?);
+                }
+                if durations.is_none() && columns.cols[p] != SpanCol::StartTime {
+                    durations = Some(reader.ints(col::DURATION, rows).map_err(s)?);
+                }
+                match &columns.cols[p] {
+                    SpanCol::StartTime => Arc::new(
+                        TimestampNanosecondArray::from(starts.clone().unwrap_or_default())
+                            .with_timezone("UTC"),
+                    ),
+                    SpanCol::EndTime => {
+                        let (st, du) = (
+                            starts.as_deref().unwrap_or_default(),
+                            durations.as_deref().unwrap_or_default(),
+                        );
+                        Arc::new(
+                            TimestampNanosecondArray::from_iter_values(
+                                st.iter().zip(du).map(|(a, b)| a + b),
+                            )
+                            .with_timezone("UTC"),
+                        )
+                    }
+                    _ => Arc::new(Int64Array::from(durations.clone().unwrap_or_default())),
+                }
+            }
+            SpanCol::ScopeName | SpanCol::ScopeVersion => {
+                let scopes = reader.scopes(rows).map_err(s)?;
+                let name = columns.cols[p] == SpanCol::ScopeName;
+                Arc::new(StringArray::from_iter_values(scopes.iter().map(|sc| {
+                    if name {
+                        sc.name.clone()
+                    } else {
+                        sc.version.clone()
+                    }
+                })))
+            }
+            SpanCol::Dedicated(i) => {
+                let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
+                match reader.attribute_array(&name, rows).map_err(s)? {
+                    Some((_, a)) => conform(a, field.data_type())?,
+                    None => arrow::array::new_null_array(field.data_type(), n),
+                }
+            }
+            SpanCol::Dynamic(key, ty) => {
+                let name = format!("{}{}", col::DYNAMIC_PREFIX, key);
+                let typed = match reader.attribute_array(&name, rows).map_err(s)? {
+                    Some((_, a)) => conform(a, ty)?,
+                    None => arrow::array::new_null_array(ty, n),
+                };
+                // Rows whose value did not fit the block's typed column sit in the generic map.
+                if other.is_none() {
+                    other = Some(other_attributes(reader, rows)?);
+                }
+                let rest = other.as_ref().expect("just set");
+                if rest.iter().all(Option::is_none) {
+                    typed
+                } else {
+                    let typed_values = typed_values(&typed);
+                    values_column(
+                        ty,
+                        typed_values.into_iter().zip(rest).map(|(v, kvs)| {
+                            v.or_else(|| {
+                                kvs.as_ref()?
+                                    .iter()
+                                    .find(|kv| kv.key == *key)
+                                    .map(|kv| kv.value.clone())
+                            })
+                        }),
+                    )
+                }
+            }
+            SpanCol::Attributes => {
+                let attrs = reader.row_attributes(rows, true).map_err(s)?;
+                map_column(attrs.iter().map(Vec::as_slice))?
+            }
+            SpanCol::ResourceAttributes => {
+                let res = reader.resources(rows).map_err(s)?;
+                map_column(res.iter().map(|r| r.attributes.as_slice()))?
+            }
+        };
+        out.push(array);
+    }
+    Ok(out)
+}
+
+fn required<S: ChunkSource>(
+    reader: &BlockReader<'_, S>,
+    name: &str,
+    rows: &Rows,
+) -> Result<ArrayRef> {
+    reader
+        .column(name, rows)
+        .map_err(storage_err)?
+        .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
+}
+
+fn other_attributes<S: ChunkSource>(
+    reader: &BlockReader<'_, S>,
+    rows: &Rows,
+) -> Result<Vec<Option<Vec<KeyValue>>>> {
+    let blobs = reader
+        .blobs(col::ATTRIBUTES_OTHER, rows)
+        .map_err(storage_err)?
+        .unwrap_or_default();
+    blobs
+        .into_iter()
+        .map(|b| {
+            b.map(|b| weft_storage::codec::Reader::new(&b).attrs())
+                .transpose()
+                .map_err(storage_err)
+        })
+        .collect()
+}
+
+/// The values of a typed column (as the model's values), for merging with other sources.
+fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
+    use arrow::array::AsArray;
+    (0..a.len())
+        .map(|i| {
+            if a.is_null(i) {
+                return None;
+            }
+            Some(match a.data_type() {
+                DataType::Int64 => {
+                    Value::Int(a.as_primitive::<arrow::datatypes::Int64Type>().value(i))
+                }
+                DataType::Float64 => {
+                    Value::Double(a.as_primitive::<arrow::datatypes::Float64Type>().value(i))
+                }
+                DataType::Boolean => Value::Bool(a.as_boolean().value(i)),
+                DataType::Utf8 => Value::Str(a.as_string::<i32>().value(i).to_owned()),
+                DataType::List(_) => {
+                    let l = a.as_list::<i32>().value(i);
+                    Value::Array(
+                        l.as_string::<i32>()
+                            .iter()
+                            .map(|s| Value::Str(s.unwrap_or_default().to_owned()))
+                            .collect(),
+                    )
+                }
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+/// Builds the given columns from head rows.
+pub fn read_rows(
+    rows: &[&SpanRecord],
+    columns: &SpanColumns,
+    projection: &[usize],
+) -> Result<Vec<ArrayRef>> {
+    let hex = |f: &dyn Fn(&SpanRecord) -> Option<String>| -> ArrayRef {
+        Arc::new(rows.iter().map(|r| f(r)).collect::<StringArray>())
+    };
+    let strs = |f: &dyn Fn(&SpanRecord) -> &str| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| f(r))))
+    };
+    let mut out = Vec::with_capacity(projection.len());
+    for &p in projection {
+        let field = columns.schema.field(p);
+        let array: ArrayRef = match &columns.cols[p] {
+            SpanCol::TraceId => hex(&|r| Some(r.trace_id.to_hex())),
+            SpanCol::SpanId => hex(&|r| Some(r.span_id.to_hex())),
+            SpanCol::ParentSpanId => hex(&|r| r.parent_span_id.map(|p| p.to_hex())),
+            SpanCol::ServiceName => strs(&|r| r.service_name()),
+            SpanCol::Name => strs(&|r| &r.name),
+            SpanCol::Kind => strs(&|r| kind_str(r.kind)),
+            SpanCol::StatusCode => strs(&|r| r.status_code.as_str()),
+            SpanCol::StatusMessage => strs(&|r| &r.status_message),
+            SpanCol::TraceState => strs(&|r| &r.trace_state),
+            SpanCol::ScopeName => strs(&|r| &r.scope.name),
+            SpanCol::ScopeVersion => strs(&|r| &r.scope.version),
+            SpanCol::StartTime => Arc::new(
+                TimestampNanosecondArray::from_iter_values(rows.iter().map(|r| r.start.0 as i64))
+                    .with_timezone("UTC"),
+            ),
+            SpanCol::EndTime => Arc::new(
+                TimestampNanosecondArray::from_iter_values(
+                    rows.iter().map(|r| (r.start.0 + r.duration_ns()) as i64),
+                )
+                .with_timezone("UTC"),
+            ),
+            SpanCol::DurationNs => Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|r| r.duration_ns() as i64),
+            )),
+            SpanCol::Flags => Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|r| r.flags as i64),
+            )),
+            SpanCol::Dedicated(i) => {
+                let d = &DEDICATED[*i];
+                values_column(
+                    field.data_type(),
+                    rows.iter().map(|r| {
+                        r.attributes
+                            .iter()
+                            .find(|kv| dedicated_for(&kv.key).is_some_and(|(j, _)| j == *i))
+                            .filter(|kv| ColumnType::of(&kv.value) == Some(d.ty))
+                            .map(|kv| kv.value.clone())
+                    }),
+                )
+            }
+            SpanCol::Dynamic(key, ty) => {
+                values_column(ty, rows.iter().map(|r| r.attribute(key).cloned()))
+            }
+            SpanCol::Attributes => map_column(rows.iter().map(|r| r.attributes.as_slice()))?,
+            SpanCol::ResourceAttributes => {
+                map_column(rows.iter().map(|r| r.resource.attributes.as_slice()))?
+            }
+        };
+        out.push(array);
+    }
+    Ok(out)
+}

@@ -1,0 +1,385 @@
+//! SQL over the store: DataFusion with Weft's tables, per tenant, with limits.
+//!
+//! Each query gets its own DataFusion session over one snapshot of the tenant's data, with a
+//! memory pool of its own (so one greedy query fails alone) and a deadline. Only read-only
+//! statements are accepted: queries, `EXPLAIN`, `SHOW`, `DESCRIBE`.
+
+pub mod columns;
+pub mod functions;
+pub mod pg_catalog;
+pub mod pushdown;
+pub mod scan;
+pub mod tables;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::catalog::{MemoryCatalogProvider, SchemaProvider, TableProvider};
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use weft_storage::Store;
+use weft_storage::model::TenantId;
+
+use tables::{Nested, NestedTable, SpansTable, TableContext, TracesTable};
+
+/// Limits and switches of the SQL engine; each has a server flag.
+#[derive(Clone, Debug)]
+pub struct SqlConfig {
+    /// Memory one query may hold in DataFusion's operators (sorts, joins, aggregations).
+    pub memory_limit: usize,
+    /// Wall-clock limit of one query, results included.
+    pub timeout: Duration,
+    pub target_partitions: usize,
+    /// Use the store's indexes and time ranges (off only to check answers).
+    pub pushdown: bool,
+}
+
+impl Default for SqlConfig {
+    fn default() -> Self {
+        Self {
+            memory_limit: 512 << 20,
+            timeout: Duration::from_secs(60),
+            target_partitions: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            pushdown: true,
+        }
+    }
+}
+
+/// What went wrong with a statement, and where in its text when known (1-based).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlError {
+    pub kind: SqlErrorKind,
+    pub message: String,
+    pub line: Option<u64>,
+    pub column: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlErrorKind {
+    /// A statement other than a query: refused.
+    NotAQuery,
+    /// The text does not parse, or names unknown tables, columns or functions.
+    Invalid,
+    /// The query exceeded its memory budget.
+    ResourcesExhausted,
+    /// The query exceeded its time budget.
+    Timeout,
+    /// The query failed while running, on its own terms (a bad cast, say).
+    Execution,
+    /// Weft failed (storage, a bug): not the query's fault.
+    Internal,
+}
+
+impl std::fmt::Display for SqlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SqlError {}
+
+impl SqlError {
+    fn new(kind: SqlErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            line: None,
+            column: None,
+        }
+    }
+
+    pub fn timeout(limit: Duration) -> Self {
+        Self::new(
+            SqlErrorKind::Timeout,
+            format!(
+                "query cancelled: it ran longer than the {} s limit (--sql-timeout)",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
+    /// Classifies a DataFusion error and finds the position it names, if any.
+    pub fn from_datafusion(e: DataFusionError, planning: bool) -> Self {
+        let mut line = None;
+        let mut column = None;
+        if let Some(d) = e.diagnostic()
+            && let Some(span) = d.span
+        {
+            line = Some(span.start.line);
+            column = Some(span.start.column);
+        }
+        let root = e.find_root();
+        let kind = match root {
+            DataFusionError::ResourcesExhausted(_) => SqlErrorKind::ResourcesExhausted,
+            DataFusionError::SQL(..)
+            | DataFusionError::Plan(_)
+            | DataFusionError::SchemaError(..) => SqlErrorKind::Invalid,
+            DataFusionError::NotImplemented(_) if planning => SqlErrorKind::Invalid,
+            DataFusionError::Internal(_)
+            | DataFusionError::External(_)
+            | DataFusionError::IoError(_) => SqlErrorKind::Internal,
+            _ if planning => SqlErrorKind::Invalid,
+            _ => SqlErrorKind::Execution,
+        };
+        let message = match root {
+            DataFusionError::ResourcesExhausted(m) => {
+                format!("query needs more memory than its limit (--sql-memory-limit): {m}")
+            }
+            _ => e.strip_backtrace(),
+        };
+        if line.is_none() {
+            (line, column) = position_in(&message);
+        }
+        Self {
+            kind,
+            message,
+            line,
+            column,
+        }
+    }
+}
+
+/// Finds "Line: L, Column: C" in a parser message.
+fn position_in(message: &str) -> (Option<u64>, Option<u64>) {
+    let Some(at) = message.rfind("Line: ") else {
+        return (None, None);
+    };
+    let rest = &message[at + 6..];
+    let line: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let Some(c) = rest.find("Column: ") else {
+        return (line.parse().ok(), None);
+    };
+    let column: String = rest[c + 8..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    (line.parse().ok(), column.parse().ok())
+}
+
+/// A running query: its result schema and its batches.
+pub struct QueryStream {
+    pub schema: SchemaRef,
+    pub stream: SendableRecordBatchStream,
+}
+
+/// The SQL engine of one store.
+#[derive(Clone)]
+pub struct SqlEngine {
+    store: Arc<Store>,
+    config: SqlConfig,
+}
+
+impl SqlEngine {
+    pub fn new(store: Arc<Store>, config: SqlConfig) -> Self {
+        Self { store, config }
+    }
+
+    pub fn config(&self) -> &SqlConfig {
+        &self.config
+    }
+
+    /// A DataFusion session for one query of one tenant: its tables over one snapshot, the
+    /// PostgreSQL catalog describing them, Weft's functions, and a memory pool of its own.
+    pub fn session(&self, tenant: &TenantId) -> Result<Session, SqlError> {
+        self.session_with(tenant, self.config.pushdown)
+    }
+
+    pub fn session_with(&self, tenant: &TenantId, pushdown: bool) -> Result<Session, SqlError> {
+        let df = |e| SqlError::from_datafusion(e, true);
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(self.config.memory_limit, 1.0)
+            .build_arc()
+            .map_err(df)?;
+        let mut config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_create_default_catalog_and_schema(false)
+            .with_default_catalog_and_schema("weft", "public")
+            .with_target_partitions(self.config.target_partitions.max(1));
+        config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
+        config.options_mut().sql_parser.collect_spans = true;
+        config.options_mut().execution.time_zone = Some("UTC".into());
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        let table_ctx = TableContext {
+            store: self.store.clone(),
+            tenant: tenant.clone(),
+            snapshot: self.store.snapshot(tenant),
+            pushdown,
+        };
+        let tables: Vec<(&'static str, Arc<dyn TableProvider>)> = vec![
+            ("spans", Arc::new(SpansTable::new(table_ctx.clone()))),
+            (
+                "span_events",
+                Arc::new(NestedTable::new(table_ctx.clone(), Nested::Events)),
+            ),
+            (
+                "span_links",
+                Arc::new(NestedTable::new(table_ctx.clone(), Nested::Links)),
+            ),
+            ("traces", Arc::new(TracesTable::new(table_ctx))),
+        ];
+        let described = pg_catalog::CatalogTables(
+            tables
+                .iter()
+                .enumerate()
+                .map(|(i, (n, t))| {
+                    (
+                        pg_catalog::FIRST_TABLE_OID + i as i64,
+                        n.to_string(),
+                        t.schema(),
+                    )
+                })
+                .collect(),
+        );
+        let catalog = MemoryCatalogProvider::new();
+        let public = datafusion::catalog::MemorySchemaProvider::new();
+        for (name, t) in tables {
+            public.register_table(name.to_owned(), t).map_err(df)?;
+        }
+        datafusion::catalog::CatalogProvider::register_schema(&catalog, "public", Arc::new(public))
+            .map_err(df)?;
+        let pg = pg_catalog::PgCatalog::new(described.clone(), functions::database_name(tenant));
+        datafusion::catalog::CatalogProvider::register_schema(&catalog, "pg_catalog", Arc::new(pg))
+            .map_err(df)?;
+        ctx.register_catalog("weft", Arc::new(catalog));
+        functions::register(&ctx, tenant);
+        pg_catalog::register(&ctx);
+        Ok(Session {
+            ctx,
+            tables: described,
+        })
+    }
+
+    /// Checks that a statement only reads, then plans it and starts it.
+    pub async fn query(&self, tenant: &TenantId, sql: &str) -> Result<QueryStream, SqlError> {
+        self.query_with(tenant, sql, self.config.pushdown).await
+    }
+
+    pub async fn query_with(
+        &self,
+        tenant: &TenantId,
+        sql: &str,
+        pushdown: bool,
+    ) -> Result<QueryStream, SqlError> {
+        let session = self.session_with(tenant, pushdown)?;
+        let statement = parse_one(sql)?;
+        let plan = session.plan(statement).await?;
+        session.execute(plan).await
+    }
+}
+
+/// One query's DataFusion session.
+pub struct Session {
+    pub ctx: SessionContext,
+    tables: pg_catalog::CatalogTables,
+}
+
+impl Session {
+    /// Plans a read-only statement (PostgreSQL-only syntax rewritten first).
+    pub async fn plan(&self, mut statement: Statement) -> Result<LogicalPlan, SqlError> {
+        check_statement(&statement)?;
+        pg_catalog::rewrite(&mut statement, &self.tables);
+        let plan = self
+            .ctx
+            .state()
+            .statement_to_plan(DFStatement::Statement(Box::new(statement)))
+            .await
+            .map_err(|e| SqlError::from_datafusion(e, true))?;
+        SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false)
+            .verify_plan(&plan)
+            .map_err(|e| SqlError::new(SqlErrorKind::NotAQuery, e.strip_backtrace()))?;
+        Ok(plan)
+    }
+
+    pub async fn execute(&self, plan: LogicalPlan) -> Result<QueryStream, SqlError> {
+        let df = self
+            .ctx
+            .execute_logical_plan(plan)
+            .await
+            .map_err(|e| SqlError::from_datafusion(e, true))?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let stream = df
+            .execute_stream()
+            .await
+            .map_err(|e| SqlError::from_datafusion(e, false))?;
+        Ok(QueryStream { schema, stream })
+    }
+}
+
+/// Parses SQL text (PostgreSQL dialect) into statements, with the error's position.
+pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
+    datafusion::sql::sqlparser::parser::Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| {
+        let message = format!("syntax error: {e}");
+        let (mut line, mut column) = position_in(&message);
+        if line.is_none() && message.contains("found: EOF") {
+            // the end of the text
+            let last = sql.trim_end().lines().last().unwrap_or_default();
+            line = Some(sql.trim_end().lines().count().max(1) as u64);
+            column = Some(last.chars().count() as u64 + 1);
+        }
+        SqlError {
+            kind: SqlErrorKind::Invalid,
+            message,
+            line,
+            column,
+        }
+    })
+}
+
+/// Parses exactly one statement.
+pub fn parse_one(sql: &str) -> Result<Statement, SqlError> {
+    let mut statements = parse(sql)?;
+    if statements.len() != 1 {
+        return Err(SqlError::new(
+            SqlErrorKind::Invalid,
+            format!("expected exactly one statement, found {}", statements.len()),
+        ));
+    }
+    Ok(statements.remove(0))
+}
+
+/// Refuses anything but a single read-only statement, naming what was sent.
+pub fn check_read_only(sql: &str) -> Result<(), SqlError> {
+    check_statement(&parse_one(sql)?)
+}
+
+/// Refuses statements other than queries, naming what was sent.
+pub fn check_statement(statement: &Statement) -> Result<(), SqlError> {
+    match statement {
+        Statement::Query(_)
+        | Statement::Explain { .. }
+        | Statement::ExplainTable { .. }
+        | Statement::ShowTables { .. }
+        | Statement::ShowColumns { .. }
+        | Statement::ShowVariable { .. } => Ok(()),
+        other => {
+            let text = other.to_string();
+            let head: String = text
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+                .to_uppercase();
+            Err(SqlError::new(
+                SqlErrorKind::NotAQuery,
+                format!(
+                    "only queries are accepted (SELECT, WITH, VALUES, EXPLAIN, SHOW, DESCRIBE); this is a {head} statement"
+                ),
+            ))
+        }
+    }
+}
+
+pub const TABLES: &[&str] = &["spans", "span_events", "span_links", "traces"];
+
+#[cfg(test)]
+mod tests;

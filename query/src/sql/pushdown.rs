@@ -1,0 +1,440 @@
+//! Which filters of a query the store can use, and what they select: time bounds that skip
+//! blocks, trace ids answered by the trace-id index, and equalities on indexed dimensions
+//! answered by roaring-bitmap postings. Every pushed filter is also applied by DataFusion
+//! afterwards (they are `Inexact`), so push-down only ever narrows what is read.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, expr::InList};
+use roaring::RoaringBitmap;
+use weft_storage::Store;
+use weft_storage::block::BlockMeta;
+use weft_storage::block::reader::Rows;
+use weft_storage::keys::BlockAddr;
+use weft_storage::model::{SpanRecord, TenantId, TraceId};
+use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
+use weft_storage::store::Snapshot;
+
+use super::columns::{SpanCol, SpanColumns};
+
+/// What a query's filters let the store skip. Bounds are inclusive, in Unix nanoseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Pushdown {
+    pub start_min: Option<i64>,
+    pub start_max: Option<i64>,
+    pub end_min: Option<i64>,
+    pub end_max: Option<i64>,
+    /// Rows must belong to one of these traces (intersected over filters).
+    pub trace_ids: Option<Vec<TraceId>>,
+    /// Per postings dimension, the terms one of which a row must have.
+    pub dims: BTreeMap<&'static str, Vec<String>>,
+    /// A filter that no row can pass (an impossible trace id, say).
+    pub nothing: bool,
+}
+
+fn column_of<'a>(e: &'a Expr) -> Option<&'a str> {
+    match e {
+        Expr::Column(c) => Some(c.name.as_str()),
+        Expr::Cast(c) => column_of(&c.expr),
+        Expr::TryCast(c) => column_of(&c.expr),
+        _ => None,
+    }
+}
+
+fn literal(e: &Expr) -> Option<&ScalarValue> {
+    match e {
+        Expr::Literal(v, _) => Some(v),
+        _ => None,
+    }
+}
+
+/// A timestamp literal in Unix nanoseconds.
+fn nanos(v: &ScalarValue) -> Option<i64> {
+    match v {
+        ScalarValue::TimestampNanosecond(Some(n), _) => Some(*n),
+        ScalarValue::TimestampMicrosecond(Some(n), _) => n.checked_mul(1_000),
+        ScalarValue::TimestampMillisecond(Some(n), _) => n.checked_mul(1_000_000),
+        ScalarValue::TimestampSecond(Some(n), _) => n.checked_mul(1_000_000_000),
+        _ => None,
+    }
+}
+
+fn text(v: &ScalarValue) -> Option<String> {
+    match v {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Some(s.clone()),
+        ScalarValue::Dictionary(_, inner) => text(inner),
+        _ => None,
+    }
+}
+
+/// A literal as the postings term of a dimension of the given column.
+fn term(c: &SpanCol, v: &ScalarValue) -> Option<String> {
+    match c {
+        SpanCol::Dedicated(i) if DEDICATED[*i].ty == weft_storage::schema::ColumnType::Int => {
+            match v {
+                ScalarValue::Int64(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int32(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int16(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int8(Some(n)) => Some(n.to_string()),
+                ScalarValue::UInt32(Some(n)) => Some(n.to_string()),
+                _ => None,
+            }
+        }
+        _ => text(v),
+    }
+}
+
+fn flip(op: Operator) -> Operator {
+    match op {
+        Operator::Lt => Operator::Gt,
+        Operator::LtEq => Operator::GtEq,
+        Operator::Gt => Operator::Lt,
+        Operator::GtEq => Operator::LtEq,
+        o => o,
+    }
+}
+
+impl Pushdown {
+    /// Whether the store can use a filter (it is then reported `Inexact`).
+    pub fn supports(columns: &SpanColumns, e: &Expr) -> bool {
+        let mut p = Pushdown::default();
+        p.add(columns, e)
+    }
+
+    pub fn from_filters(columns: &SpanColumns, filters: &[Expr]) -> Self {
+        let mut p = Pushdown::default();
+        for f in filters {
+            p.add(columns, f);
+        }
+        p
+    }
+
+    fn add(&mut self, columns: &SpanColumns, e: &Expr) -> bool {
+        match e {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::And,
+                right,
+            }) => {
+                let l = self.add(columns, left);
+                let r = self.add(columns, right);
+                l || r
+            }
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                if let (Some(c), Some(v)) = (column_of(left), literal(right)) {
+                    self.compare(columns, c, *op, v)
+                } else if let (Some(v), Some(c)) = (literal(left), column_of(right)) {
+                    self.compare(columns, c, flip(*op), v)
+                } else {
+                    false
+                }
+            }
+            Expr::Between(Between {
+                expr,
+                negated: false,
+                low,
+                high,
+            }) => match (column_of(expr), literal(low), literal(high)) {
+                (Some(c), Some(lo), Some(hi)) => {
+                    let a = self.compare(columns, c, Operator::GtEq, lo);
+                    let b = self.compare(columns, c, Operator::LtEq, hi);
+                    a || b
+                }
+                _ => false,
+            },
+            Expr::InList(InList {
+                expr,
+                list,
+                negated: false,
+            }) => {
+                let Some(c) = column_of(expr) else {
+                    return false;
+                };
+                let Some(values) = list.iter().map(literal).collect::<Option<Vec<_>>>() else {
+                    return false;
+                };
+                self.one_of(columns, c, &values)
+            }
+            _ => false,
+        }
+    }
+
+    fn compare(&mut self, columns: &SpanColumns, c: &str, op: Operator, v: &ScalarValue) -> bool {
+        let Some(idx) = columns.index_of(c) else {
+            return false;
+        };
+        let col = &columns.cols[idx];
+        match col {
+            SpanCol::StartTime | SpanCol::EndTime => {
+                let Some(n) = nanos(v) else { return false };
+                let (min, max) = if *col == SpanCol::StartTime {
+                    (&mut self.start_min, &mut self.start_max)
+                } else {
+                    (&mut self.end_min, &mut self.end_max)
+                };
+                let tighten_min =
+                    |m: &mut Option<i64>, n: i64| *m = Some(m.map_or(n, |x| x.max(n)));
+                let tighten_max =
+                    |m: &mut Option<i64>, n: i64| *m = Some(m.map_or(n, |x| x.min(n)));
+                match op {
+                    Operator::Eq => {
+                        tighten_min(min, n);
+                        tighten_max(max, n);
+                    }
+                    Operator::Gt => tighten_min(min, n.saturating_add(1)),
+                    Operator::GtEq => tighten_min(min, n),
+                    Operator::Lt => tighten_max(max, n.saturating_sub(1)),
+                    Operator::LtEq => tighten_max(max, n),
+                    _ => return false,
+                }
+                true
+            }
+            _ if op == Operator::Eq => self.one_of(columns, c, &[v]),
+            _ => false,
+        }
+    }
+
+    fn one_of(&mut self, columns: &SpanColumns, c: &str, values: &[&ScalarValue]) -> bool {
+        let Some(idx) = columns.index_of(c) else {
+            return false;
+        };
+        let col = &columns.cols[idx];
+        if *col == SpanCol::TraceId {
+            let Some(texts) = values.iter().map(|v| text(v)).collect::<Option<Vec<_>>>() else {
+                return false;
+            };
+            // An id that is not 32 lower-case hex digits equals no stored trace id.
+            let ids: Vec<TraceId> = texts
+                .iter()
+                .filter(|t| {
+                    t.len() == 32
+                        && t.bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                })
+                .filter_map(|t| TraceId::from_hex(t).ok())
+                .collect();
+            self.trace_ids = Some(match self.trace_ids.take() {
+                None => ids,
+                Some(prev) => prev.into_iter().filter(|t| ids.contains(t)).collect(),
+            });
+            return true;
+        }
+        let Some(dim) = col.dimension() else {
+            return false;
+        };
+        let Some(terms) = values
+            .iter()
+            .map(|v| term(col, v))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return false;
+        };
+        let entry = self.dims.entry(dim);
+        match entry {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(terms);
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                o.get_mut().retain(|t| terms.contains(t));
+            }
+        }
+        true
+    }
+
+    /// Whether a block's time range can hold matching rows.
+    pub fn block_in_range(&self, meta: &BlockMeta) -> bool {
+        let (min_start, max_start, max_end) = (
+            meta.min_start as i64,
+            meta.max_start as i64,
+            meta.max_end as i64,
+        );
+        !(self.start_min.is_some_and(|m| m > max_start)
+            || self.start_max.is_some_and(|m| m < min_start)
+            || self.end_min.is_some_and(|m| m > max_end)
+            || self.end_max.is_some_and(|m| m < min_start))
+    }
+
+    /// Whether a head row passes the pushed filters.
+    pub fn row_matches(&self, r: &SpanRecord) -> bool {
+        let (start, end) = (r.start.0 as i64, (r.start.0 + r.duration_ns()) as i64);
+        if self.start_min.is_some_and(|m| start < m)
+            || self.start_max.is_some_and(|m| start > m)
+            || self.end_min.is_some_and(|m| end < m)
+            || self.end_max.is_some_and(|m| end > m)
+        {
+            return false;
+        }
+        if let Some(ids) = &self.trace_ids
+            && !ids.contains(&r.trace_id)
+        {
+            return false;
+        }
+        self.dims.iter().all(|(dim, terms)| {
+            let have: Option<String> = match *dim {
+                DIM_SERVICE => Some(r.service_name().to_owned()),
+                DIM_NAME => Some(r.name.clone()),
+                DIM_STATUS => Some(r.status_code.as_str().to_owned()),
+                d => {
+                    let i = DEDICATED.iter().position(|x| x.name == d);
+                    r.attributes
+                        .iter()
+                        .find(|kv| {
+                            weft_storage::schema::dedicated_for(&kv.key).map(|x| x.0) == i
+                                && weft_storage::schema::ColumnType::of(&kv.value)
+                                    == i.map(|i| DEDICATED[i].ty)
+                        })
+                        .and_then(|kv| kv.value.as_term())
+                }
+            };
+            have.is_some_and(|h| terms.contains(&h))
+        })
+    }
+
+    pub fn uses_index(&self) -> bool {
+        self.trace_ids.is_some() || !self.dims.is_empty()
+    }
+}
+
+/// The rows of one block a scan reads.
+#[derive(Clone, Debug)]
+pub struct BlockWork {
+    pub addr: BlockAddr,
+    pub meta: std::sync::Arc<BlockMeta>,
+    pub rows: Rows,
+}
+
+/// What the store's side of a scan will read, with the counts EXPLAIN shows.
+#[derive(Clone, Debug, Default)]
+pub struct ScanPlan {
+    pub blocks: Vec<BlockWork>,
+    pub blocks_total: usize,
+    pub blocks_pruned_by_time: usize,
+    pub blocks_pruned_by_index: usize,
+    pub rows_selected: u64,
+}
+
+impl ScanPlan {
+    /// Chooses blocks and rows: time bounds first (block metas, in memory), then the trace-id
+    /// index, then postings, intersected before any column is read. Newest blocks first.
+    pub fn build(
+        store: &Store,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        p: &Pushdown,
+        use_pushdown: bool,
+    ) -> datafusion::error::Result<Self> {
+        let err = |e: weft_storage::StorageError| {
+            datafusion::error::DataFusionError::External(Box::new(e))
+        };
+        let mut plan = ScanPlan {
+            blocks_total: snapshot.blocks.len(),
+            ..Default::default()
+        };
+        if use_pushdown && p.nothing {
+            plan.blocks_pruned_by_index = plan.blocks_total;
+            return Ok(plan);
+        }
+        let mut traces: BTreeMap<BlockAddr, RoaringBitmap> = BTreeMap::new();
+        if use_pushdown && let Some(ids) = &p.trace_ids {
+            for id in ids {
+                for (addr, entry) in store
+                    .trace_locations_in(tenant, snapshot, id)
+                    .map_err(err)?
+                {
+                    traces
+                        .entry(addr)
+                        .or_default()
+                        .insert_range(entry.row_start..entry.row_start + entry.rows);
+                }
+            }
+        }
+        for (addr, meta) in snapshot.blocks.iter() {
+            if use_pushdown && !p.block_in_range(meta) {
+                plan.blocks_pruned_by_time += 1;
+                continue;
+            }
+            let mut selected: Option<RoaringBitmap> = None;
+            if use_pushdown && p.trace_ids.is_some() {
+                selected = Some(traces.get(addr).cloned().unwrap_or_default());
+            }
+            if use_pushdown {
+                for (dim, terms) in &p.dims {
+                    if selected.as_ref().is_some_and(RoaringBitmap::is_empty) {
+                        break;
+                    }
+                    let postings = store.dimension(tenant, *addr, dim).map_err(err)?;
+                    let mut union = RoaringBitmap::new();
+                    for (t, rows) in postings {
+                        if terms.contains(&t) {
+                            union |= rows;
+                        }
+                    }
+                    selected = Some(match selected {
+                        None => union,
+                        Some(s) => s & union,
+                    });
+                }
+            }
+            let rows = match selected {
+                None => Rows::All,
+                Some(s) if s.is_empty() => {
+                    plan.blocks_pruned_by_index += 1;
+                    continue;
+                }
+                Some(s) if s.len() == u64::from(meta.rows) => Rows::All,
+                Some(s) => {
+                    let (lo, hi) = (s.min().unwrap_or(0), s.max().unwrap_or(0));
+                    if u64::from(hi - lo + 1) == s.len() {
+                        Rows::Range(lo, hi - lo + 1)
+                    } else {
+                        Rows::Set(s)
+                    }
+                }
+            };
+            plan.rows_selected += rows.len(meta.rows) as u64;
+            plan.blocks.push(BlockWork {
+                addr: *addr,
+                meta: meta.clone(),
+                rows,
+            });
+        }
+        plan.blocks
+            .sort_by(|a, b| b.meta.max_start.cmp(&a.meta.max_start));
+        Ok(plan)
+    }
+}
+
+impl fmt::Display for Pushdown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if self.start_min.is_some() || self.start_max.is_some() {
+            parts.push(format!(
+                "start_time in [{}, {}]",
+                bound(self.start_min),
+                bound(self.start_max)
+            ));
+        }
+        if self.end_min.is_some() || self.end_max.is_some() {
+            parts.push(format!(
+                "end_time in [{}, {}]",
+                bound(self.end_min),
+                bound(self.end_max)
+            ));
+        }
+        if let Some(ids) = &self.trace_ids {
+            parts.push(format!("trace_id index: {} id(s)", ids.len()));
+        }
+        for (dim, terms) in &self.dims {
+            parts.push(format!("postings {dim} IN ({})", terms.join(", ")));
+        }
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+fn bound(b: Option<i64>) -> String {
+    b.map_or_else(|| "..".to_owned(), |n| n.to_string())
+}

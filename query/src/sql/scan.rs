@@ -1,0 +1,346 @@
+//! The physical scan of Weft's tables: reads the blocks a [`ScanPlan`] chose (newest first,
+//! spread over partitions) and the head rows, decoding column chunks on blocking threads.
+//!
+//! Filters that parent operators push at execution-plan level (the dynamic filter of a TopK
+//! for `ORDER BY start_time DESC LIMIT n`, or a FilterExec's predicate) are kept and checked
+//! against each block's time range before it is read: once the TopK holds n rows newer than a
+//! block's newest span, that block is skipped. They are never reported as applied, so the
+//! parent still evaluates them row by row.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, TimestampNanosecondArray};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Column, ScalarValue};
+use datafusion::config::ConfigOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
+use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use super::pushdown::{BlockWork, ScanPlan};
+
+/// What a table reads: one block's selected rows, or the head's rows, as projected columns.
+pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
+    fn table(&self) -> &'static str;
+    /// The full schema of the table.
+    fn schema(&self) -> SchemaRef;
+    /// The rows read and the projected columns (no columns when none is projected, as for
+    /// `count(*)`).
+    fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)>;
+    fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>>;
+    /// Rows of the head the scan will read (for EXPLAIN).
+    fn head_rows(&self) -> usize;
+    /// Extra text for EXPLAIN (the pushed filters).
+    fn describe(&self) -> String;
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Work {
+    Head,
+    Block(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct WeftScanExec {
+    source: Arc<dyn ScanSource>,
+    plan: Arc<ScanPlan>,
+    projection: Vec<usize>,
+    schema: SchemaRef,
+    partitions: Vec<Vec<Work>>,
+    limit: Option<usize>,
+    /// Filters pushed by parent operators, checked per block against its time range.
+    parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+    properties: Arc<PlanProperties>,
+    skipped: Arc<AtomicU64>,
+}
+
+impl WeftScanExec {
+    pub fn new(
+        source: Arc<dyn ScanSource>,
+        plan: ScanPlan,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+        target_partitions: usize,
+    ) -> Result<Self> {
+        let full = source.schema();
+        let projection: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..full.fields().len()).collect(),
+        };
+        let schema = Arc::new(full.project(&projection)?);
+        let mut works = vec![Work::Head];
+        works.extend((0..plan.blocks.len()).map(Work::Block));
+        let n = target_partitions.clamp(1, works.len());
+        let mut partitions = vec![Vec::new(); n];
+        for (i, w) in works.into_iter().enumerate() {
+            partitions[i % n].push(w);
+        }
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            source,
+            plan: Arc::new(plan),
+            projection,
+            schema,
+            partitions,
+            limit,
+            parent_filters: Vec::new(),
+            properties,
+            skipped: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Whether a block may hold rows passing the parent filters, judged on its time range.
+    fn may_match(filters: &[Arc<dyn PhysicalExpr>], schema: &SchemaRef, work: &BlockWork) -> bool {
+        let stats = BlockStats(work);
+        filters.iter().all(|f| {
+            let Ok(current) = snapshot_physical_expr(f.clone()) else {
+                return true;
+            };
+            let Ok(predicate) = PruningPredicateBuilder::new()
+                .with_file_schema(schema.clone())
+                .try_build(current)
+            else {
+                return true;
+            };
+            predicate
+                .prune(&stats)
+                .map_or(true, |keep| keep.first().copied().unwrap_or(true))
+        })
+    }
+}
+
+/// A block's time range as pruning statistics (one container).
+struct BlockStats<'a>(&'a BlockWork);
+
+impl PruningStatistics for BlockStats<'_> {
+    fn min_values(&self, column: &Column) -> Option<ArrayRef> {
+        let m = &self.0.meta;
+        match column.name.as_str() {
+            "start_time" | "end_time" => Some(ts(m.min_start)),
+            _ => None,
+        }
+    }
+    fn max_values(&self, column: &Column) -> Option<ArrayRef> {
+        let m = &self.0.meta;
+        match column.name.as_str() {
+            "start_time" => Some(ts(m.max_start)),
+            "end_time" => Some(ts(m.max_end)),
+            _ => None,
+        }
+    }
+    fn num_containers(&self) -> usize {
+        1
+    }
+    fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
+        match column.name.as_str() {
+            "start_time" | "end_time" => {
+                Some(Arc::new(arrow::array::UInt64Array::from(vec![0u64])))
+            }
+            _ => None,
+        }
+    }
+    fn row_counts(&self) -> Option<ArrayRef> {
+        Some(Arc::new(arrow::array::UInt64Array::from(vec![u64::from(
+            self.0.meta.rows,
+        )])))
+    }
+    fn contained(
+        &self,
+        _column: &Column,
+        _values: &std::collections::HashSet<ScalarValue>,
+    ) -> Option<arrow::array::BooleanArray> {
+        None
+    }
+}
+
+fn ts(n: u64) -> ArrayRef {
+    Arc::new(TimestampNanosecondArray::from(vec![n as i64]).with_timezone("UTC"))
+}
+
+impl DisplayAs for WeftScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let p = &self.plan;
+        write!(
+            f,
+            "WeftScan: table={}, projection=[{}], blocks={}/{} (pruned: {} by time, {} by index), rows={} from blocks + {} from head",
+            self.source.table(),
+            names.join(", "),
+            p.blocks.len(),
+            p.blocks_total,
+            p.blocks_pruned_by_time,
+            p.blocks_pruned_by_index,
+            p.rows_selected,
+            self.source.head_rows(),
+        )?;
+        let pushed = self.source.describe();
+        if !pushed.is_empty() {
+            write!(f, ", pushed=[{pushed}]")?;
+        }
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        if !self.parent_filters.is_empty() {
+            write!(
+                f,
+                ", block pruning by {} parent filter(s)",
+                self.parent_filters.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for WeftScanExec {
+    fn name(&self) -> &str {
+        "WeftScan"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in &self.parent_filters {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal("WeftScan has no children".into()))
+        }
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let filters: Vec<_> = child_pushdown_result
+            .parent_filters
+            .into_iter()
+            .map(|f| f.filter)
+            .collect();
+        let n = filters.len();
+        if n == 0 {
+            return Ok(FilterPushdownPropagation {
+                filters: Vec::new(),
+                updated_node: None,
+            });
+        }
+        let mut node = self.clone();
+        node.parent_filters.extend(filters);
+        Ok(FilterPushdownPropagation {
+            filters: vec![PushedDown::No; n],
+            updated_node: Some(Arc::new(node)),
+        })
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let works = self.partitions.get(partition).cloned().unwrap_or_default();
+        let batch_size = context.session_config().batch_size().max(1);
+        let emitted = Arc::new(AtomicUsize::new(0));
+        let this = Arc::new(self.clone());
+        let schema = self.schema.clone();
+        let stream = futures::stream::iter(works)
+            .then(move |work| {
+                let this = this.clone();
+                let emitted = emitted.clone();
+                async move {
+                    if this
+                        .limit
+                        .is_some_and(|l| emitted.load(Ordering::Relaxed) >= l)
+                    {
+                        return Ok(Vec::new());
+                    }
+                    if let Work::Block(i) = work
+                        && !this.parent_filters.is_empty()
+                        && !Self::may_match(
+                            &this.parent_filters,
+                            &this.schema,
+                            &this.plan.blocks[i],
+                        )
+                    {
+                        this.skipped.fetch_add(1, Ordering::Relaxed);
+                        return Ok(Vec::new());
+                    }
+                    let t = this.clone();
+                    let columns = tokio::task::spawn_blocking(move || match work {
+                        Work::Head => t.source.read_head(&t.projection),
+                        Work::Block(i) => t
+                            .source
+                            .read_block(&t.plan.blocks[i], &t.projection)
+                            .map(|c| vec![c]),
+                    })
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))??;
+                    let mut batches = Vec::new();
+                    for (rows, cols) in columns {
+                        let batch = RecordBatch::try_new_with_options(
+                            this.schema.clone(),
+                            cols,
+                            &RecordBatchOptions::new().with_row_count(Some(rows)),
+                        )?;
+                        let mut at = 0;
+                        while at < rows {
+                            let len = batch_size.min(rows - at);
+                            batches.push(batch.slice(at, len));
+                            at += len;
+                        }
+                        emitted.fetch_add(rows, Ordering::Relaxed);
+                    }
+                    Ok::<_, DataFusionError>(batches)
+                }
+            })
+            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}

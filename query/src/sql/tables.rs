@@ -1,0 +1,732 @@
+//! The tables of a tenant: `spans`, `span_events`, `span_links` and `traces`, each a DataFusion
+//! `TableProvider` over one snapshot of the store (blocks plus head rows as of one instant).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, AsArray, Int64Array, ListBuilder, MapBuilder, RecordBatch, StringArray,
+    StringBuilder, TimestampNanosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::datasource::TableType;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use weft_storage::Store;
+use weft_storage::block::reader::Rows;
+use weft_storage::block::writer::col;
+use weft_storage::model::{Event, Link, SpanRecord, StatusCode, TenantId, TraceId};
+use weft_storage::store::Snapshot;
+
+use super::columns::{
+    SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type, value_text,
+};
+use super::pushdown::{BlockWork, Pushdown, ScanPlan};
+use super::scan::{ScanSource, WeftScanExec};
+
+/// What every table of one query reads: the store, the tenant and one snapshot.
+#[derive(Clone)]
+pub struct TableContext {
+    pub store: Arc<Store>,
+    pub tenant: TenantId,
+    pub snapshot: Snapshot,
+    /// Push-down on (the default) or off (to check answers against a plain scan).
+    pub pushdown: bool,
+}
+
+impl fmt::Debug for TableContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TableContext")
+            .field("tenant", &self.tenant)
+            .field("blocks", &self.snapshot.blocks.len())
+            .field("pushdown", &self.pushdown)
+            .finish()
+    }
+}
+
+fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// Head rows passing the pushed filters, as (batch, row) indexes into the snapshot.
+fn head_rows(ctx: &TableContext, p: &Pushdown) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    for (b, batch) in ctx.snapshot.head.batches.iter().enumerate() {
+        for (i, r) in batch.iter().enumerate() {
+            if !ctx.pushdown || p.row_matches(r) {
+                out.push((b as u32, i as u32));
+            }
+        }
+    }
+    out
+}
+
+fn head_records<'a>(ctx: &'a TableContext, rows: &[(u32, u32)]) -> Vec<&'a SpanRecord> {
+    rows.iter()
+        .map(|&(b, i)| &ctx.snapshot.head.batches[b as usize][i as usize])
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// spans
+
+#[derive(Debug)]
+pub struct SpansTable {
+    ctx: TableContext,
+    columns: SpanColumns,
+}
+
+impl SpansTable {
+    pub fn new(ctx: TableContext) -> Self {
+        let columns = SpanColumns::discover(&ctx.snapshot);
+        Self { ctx, columns }
+    }
+}
+
+#[derive(Debug)]
+struct SpansSource {
+    ctx: TableContext,
+    columns: SpanColumns,
+    pushdown: Pushdown,
+    head: Vec<(u32, u32)>,
+}
+
+impl ScanSource for SpansSource {
+    fn table(&self) -> &'static str {
+        "spans"
+    }
+    fn schema(&self) -> SchemaRef {
+        self.columns.schema.clone()
+    }
+    fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)> {
+        let reader = self
+            .ctx
+            .store
+            .block_reader(&self.ctx.tenant, work.addr, &work.meta);
+        let n = work.rows.len(work.meta.rows);
+        Ok((
+            n,
+            read_block(&reader, &work.rows, &self.columns, projection)?,
+        ))
+    }
+    fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>> {
+        if self.head.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = head_records(&self.ctx, &self.head);
+        Ok(vec![(
+            rows.len(),
+            read_rows(&rows, &self.columns, projection)?,
+        )])
+    }
+    fn head_rows(&self) -> usize {
+        self.head.len()
+    }
+    fn describe(&self) -> String {
+        if self.ctx.pushdown {
+            self.pushdown.to_string()
+        } else {
+            "push-down disabled".into()
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for SpansTable {
+    fn schema(&self) -> SchemaRef {
+        self.columns.schema.clone()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.ctx.pushdown && Pushdown::supports(&self.columns, f) {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let pushdown = Pushdown::from_filters(&self.columns, filters);
+        let plan = ScanPlan::build(
+            &self.ctx.store,
+            &self.ctx.tenant,
+            &self.ctx.snapshot,
+            &pushdown,
+            self.ctx.pushdown,
+        )?;
+        let head = head_rows(&self.ctx, &pushdown);
+        let source = SpansSource {
+            ctx: self.ctx.clone(),
+            columns: self.columns.clone(),
+            pushdown,
+            head,
+        };
+        Ok(Arc::new(WeftScanExec::new(
+            Arc::new(source),
+            plan,
+            projection,
+            limit,
+            state.config().target_partitions(),
+        )?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// span_events and span_links: one row per event / link, with the span they belong to
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Nested {
+    Events,
+    Links,
+}
+
+#[derive(Debug)]
+pub struct NestedTable {
+    ctx: TableContext,
+    kind: Nested,
+    schema: SchemaRef,
+    /// The spans table's columns, to analyse filters on the columns both tables share.
+    spans: SpanColumns,
+}
+
+impl NestedTable {
+    pub fn new(ctx: TableContext, kind: Nested) -> Self {
+        let common = [
+            Field::new("trace_id", DataType::Utf8, false),
+            Field::new("span_id", DataType::Utf8, false),
+            Field::new("service_name", DataType::Utf8, false),
+            Field::new("span_name", DataType::Utf8, false),
+        ];
+        let own = match kind {
+            Nested::Events => vec![
+                Field::new("time", timestamp_type(), false),
+                Field::new("name", DataType::Utf8, false),
+                Field::new("attributes", map_type(), false),
+                Field::new("dropped_attributes_count", DataType::Int64, false),
+            ],
+            Nested::Links => vec![
+                Field::new("linked_trace_id", DataType::Utf8, false),
+                Field::new("linked_span_id", DataType::Utf8, false),
+                Field::new("trace_state", DataType::Utf8, false),
+                Field::new("flags", DataType::Int64, false),
+                Field::new("attributes", map_type(), false),
+                Field::new("dropped_attributes_count", DataType::Int64, false),
+            ],
+        };
+        let schema = Arc::new(Schema::new(
+            common.into_iter().chain(own).collect::<Vec<_>>(),
+        ));
+        let spans = SpanColumns::discover(&Snapshot::default());
+        Self {
+            ctx,
+            kind,
+            schema,
+            spans,
+        }
+    }
+
+    /// Filters on `trace_id` and `service_name` mean the same here as on `spans`.
+    fn shared_filter(f: &Expr) -> bool {
+        f.column_refs()
+            .iter()
+            .all(|c| c.name == "trace_id" || c.name == "service_name")
+    }
+}
+
+#[derive(Debug)]
+struct NestedSource {
+    ctx: TableContext,
+    kind: Nested,
+    schema: SchemaRef,
+    pushdown: Pushdown,
+    head: Vec<(u32, u32)>,
+}
+
+struct SpanSide<'a> {
+    trace: String,
+    span: String,
+    service: &'a str,
+    name: &'a str,
+}
+
+impl NestedSource {
+    fn build(
+        &self,
+        spans: Vec<SpanSide<'_>>,
+        events: Vec<Vec<Event>>,
+        links: Vec<Vec<Link>>,
+        projection: &[usize],
+    ) -> Result<(usize, Vec<ArrayRef>)> {
+        let mut trace = StringBuilder::new();
+        let mut span = StringBuilder::new();
+        let mut service = StringBuilder::new();
+        let mut span_name = StringBuilder::new();
+        let mut a = Vec::<i64>::new(); // time or flags
+        let mut s1 = StringBuilder::new(); // name or linked trace
+        let mut s2 = StringBuilder::new(); // linked span
+        let mut s3 = StringBuilder::new(); // trace state
+        let mut attrs = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+        let mut dropped = Vec::<i64>::new();
+        for (i, sp) in spans.iter().enumerate() {
+            let mut push_side = || {
+                trace.append_value(&sp.trace);
+                span.append_value(&sp.span);
+                service.append_value(sp.service);
+                span_name.append_value(sp.name);
+            };
+            match self.kind {
+                Nested::Events => {
+                    for e in &events[i] {
+                        push_side();
+                        a.push(e.time.0 as i64);
+                        s1.append_value(&e.name);
+                        for kv in &e.attributes {
+                            attrs.keys().append_value(&kv.key);
+                            attrs.values().append_option(value_text(&kv.value));
+                        }
+                        attrs.append(true)?;
+                        dropped.push(i64::from(e.dropped_attributes_count));
+                    }
+                }
+                Nested::Links => {
+                    for l in &links[i] {
+                        push_side();
+                        s1.append_value(l.trace_id.to_hex());
+                        s2.append_value(l.span_id.to_hex());
+                        s3.append_value(&l.trace_state);
+                        a.push(i64::from(l.flags));
+                        for kv in &l.attributes {
+                            attrs.keys().append_value(&kv.key);
+                            attrs.values().append_option(value_text(&kv.value));
+                        }
+                        attrs.append(true)?;
+                        dropped.push(i64::from(l.dropped_attributes_count));
+                    }
+                }
+            }
+        }
+        let mut all: Vec<ArrayRef> = vec![
+            Arc::new(trace.finish()),
+            Arc::new(span.finish()),
+            Arc::new(service.finish()),
+            Arc::new(span_name.finish()),
+        ];
+        match self.kind {
+            Nested::Events => {
+                all.push(Arc::new(
+                    TimestampNanosecondArray::from(a).with_timezone("UTC"),
+                ));
+                all.push(Arc::new(s1.finish()));
+                all.push(Arc::new(attrs.finish()));
+            }
+            Nested::Links => {
+                all.push(Arc::new(s1.finish()));
+                all.push(Arc::new(s2.finish()));
+                all.push(Arc::new(s3.finish()));
+                all.push(Arc::new(Int64Array::from(a)));
+                all.push(Arc::new(attrs.finish()));
+            }
+        }
+        all.push(Arc::new(Int64Array::from(dropped)));
+        Ok((
+            all[0].len(),
+            projection.iter().map(|&p| all[p].clone()).collect(),
+        ))
+    }
+}
+
+impl ScanSource for NestedSource {
+    fn table(&self) -> &'static str {
+        match self.kind {
+            Nested::Events => "span_events",
+            Nested::Links => "span_links",
+        }
+    }
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)> {
+        let r = self
+            .ctx
+            .store
+            .block_reader(&self.ctx.tenant, work.addr, &work.meta);
+        let (events, links) = match self.kind {
+            Nested::Events => (r.events(&work.rows).map_err(storage_err)?, Vec::new()),
+            Nested::Links => (Vec::new(), r.links(&work.rows).map_err(storage_err)?),
+        };
+        let any = events.iter().any(|e| !e.is_empty()) || links.iter().any(|l| !l.is_empty());
+        if !any {
+            return self.build(Vec::new(), events, links, projection);
+        }
+        let traces = r.trace_ids(&work.rows).map_err(storage_err)?;
+        let spans = r.span_ids(&work.rows).map_err(storage_err)?;
+        let get = |name| {
+            r.column(name, &work.rows)
+                .map_err(storage_err)?
+                .ok_or_else(|| DataFusionError::Internal(format!("block lacks {name}")))
+        };
+        let services = arrow::compute::cast(&get(col::SERVICE)?, &DataType::Utf8)?;
+        let names = arrow::compute::cast(&get(col::NAME)?, &DataType::Utf8)?;
+        let (services, names) = (services.as_string::<i32>(), names.as_string::<i32>());
+        let sides = (0..traces.len())
+            .map(|i| SpanSide {
+                trace: traces[i].to_hex(),
+                span: spans[i].to_hex(),
+                service: services.value(i),
+                name: names.value(i),
+            })
+            .collect();
+        self.build(sides, events, links, projection)
+    }
+    fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>> {
+        let rows = head_records(&self.ctx, &self.head);
+        let sides = rows
+            .iter()
+            .map(|r| SpanSide {
+                trace: r.trace_id.to_hex(),
+                span: r.span_id.to_hex(),
+                service: r.service_name(),
+                name: &r.name,
+            })
+            .collect();
+        let events = rows.iter().map(|r| r.events.clone()).collect();
+        let links = rows.iter().map(|r| r.links.clone()).collect();
+        Ok(vec![self.build(sides, events, links, projection)?])
+    }
+    fn head_rows(&self) -> usize {
+        self.head.len()
+    }
+    fn describe(&self) -> String {
+        if self.ctx.pushdown {
+            self.pushdown.to_string()
+        } else {
+            "push-down disabled".into()
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for NestedTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.ctx.pushdown && Self::shared_filter(f) && Pushdown::supports(&self.spans, f)
+                {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let shared: Vec<Expr> = filters
+            .iter()
+            .filter(|f| Self::shared_filter(f))
+            .cloned()
+            .collect();
+        let pushdown = Pushdown::from_filters(&self.spans, &shared);
+        let plan = ScanPlan::build(
+            &self.ctx.store,
+            &self.ctx.tenant,
+            &self.ctx.snapshot,
+            &pushdown,
+            self.ctx.pushdown,
+        )?;
+        let head = head_rows(&self.ctx, &pushdown);
+        let source = NestedSource {
+            ctx: self.ctx.clone(),
+            kind: self.kind,
+            schema: self.schema.clone(),
+            pushdown,
+            head,
+        };
+        Ok(Arc::new(WeftScanExec::new(
+            Arc::new(source),
+            plan,
+            projection,
+            limit,
+            state.config().target_partitions(),
+        )?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// traces: one row per trace, merged over every block and the head
+
+#[derive(Debug)]
+pub struct TracesTable {
+    ctx: TableContext,
+    schema: SchemaRef,
+    spans: SpanColumns,
+}
+
+impl TracesTable {
+    pub fn new(ctx: TableContext) -> Self {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("trace_id", DataType::Utf8, false),
+            Field::new("root_service", DataType::Utf8, true),
+            Field::new("root_name", DataType::Utf8, true),
+            Field::new("start_time", timestamp_type(), false),
+            Field::new("end_time", timestamp_type(), false),
+            Field::new("duration_ns", DataType::Int64, false),
+            Field::new("span_count", DataType::Int64, false),
+            Field::new("error_count", DataType::Int64, false),
+            Field::new("services", list_type(), false),
+        ]));
+        let spans = SpanColumns::discover(&Snapshot::default());
+        Self { ctx, schema, spans }
+    }
+}
+
+#[derive(Default)]
+struct TraceAgg {
+    root: Option<(String, String)>,
+    start: u64,
+    end: u64,
+    spans: i64,
+    errors: i64,
+    services: BTreeSet<String>,
+}
+
+impl TracesTable {
+    fn collect(
+        &self,
+        trace_filter: Option<&Vec<TraceId>>,
+        want_services: bool,
+    ) -> Result<RecordBatch> {
+        let ctx = &self.ctx;
+        let mut aggs: HashMap<TraceId, TraceAgg> = HashMap::new();
+        let pushdown = Pushdown {
+            trace_ids: trace_filter.cloned(),
+            ..Default::default()
+        };
+        let plan = ScanPlan::build(
+            &ctx.store,
+            &ctx.tenant,
+            &ctx.snapshot,
+            &pushdown,
+            ctx.pushdown,
+        )?;
+        for work in &plan.blocks {
+            let entries = ctx
+                .store
+                .block_traces(&ctx.tenant, work.addr)
+                .map_err(storage_err)?;
+            let services = if want_services {
+                let r = ctx.store.block_reader(&ctx.tenant, work.addr, &work.meta);
+                let a = r
+                    .column(col::SERVICE, &Rows::All)
+                    .map_err(storage_err)?
+                    .ok_or_else(|| DataFusionError::Internal("block lacks service_name".into()))?;
+                Some(arrow::compute::cast(&a, &DataType::Utf8)?)
+            } else {
+                None
+            };
+            for e in entries {
+                if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&e.trace_id)) {
+                    continue;
+                }
+                let a = merge(
+                    &mut aggs,
+                    e.trace_id,
+                    e.root.clone(),
+                    (e.min_start, e.max_end),
+                    i64::from(e.rows),
+                    i64::from(e.errors),
+                );
+                if let Some(s) = &services {
+                    let s = s.as_string::<i32>();
+                    for row in e.row_start..e.row_start + e.rows {
+                        if !a.services.contains(s.value(row as usize)) {
+                            a.services.insert(s.value(row as usize).to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        for r in ctx.snapshot.head.rows() {
+            if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&r.trace_id)) {
+                continue;
+            }
+            let root = r
+                .parent_span_id
+                .is_none()
+                .then(|| (r.service_name().to_owned(), r.name.clone()));
+            let errors = i64::from(r.status_code == StatusCode::Error);
+            let a = merge(
+                &mut aggs,
+                r.trace_id,
+                root,
+                (r.start.0, r.start.0 + r.duration_ns()),
+                1,
+                errors,
+            );
+            if want_services && !a.services.contains(r.service_name()) {
+                a.services.insert(r.service_name().to_owned());
+            }
+        }
+        let mut ids: Vec<_> = aggs.into_iter().collect();
+        ids.sort_by_key(|(id, a)| (std::cmp::Reverse(a.start), *id));
+        let mut services = ListBuilder::new(StringBuilder::new());
+        for (_, a) in &ids {
+            for s in &a.services {
+                services.values().append_value(s);
+            }
+            services.append(true);
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|(id, _)| id.to_hex()),
+            )),
+            Arc::new(
+                ids.iter()
+                    .map(|(_, a)| a.root.as_ref().map(|r| r.0.clone()))
+                    .collect::<StringArray>(),
+            ),
+            Arc::new(
+                ids.iter()
+                    .map(|(_, a)| a.root.as_ref().map(|r| r.1.clone()))
+                    .collect::<StringArray>(),
+            ),
+            Arc::new(
+                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(_, a)| a.start as i64))
+                    .with_timezone("UTC"),
+            ),
+            Arc::new(
+                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(_, a)| a.end as i64))
+                    .with_timezone("UTC"),
+            ),
+            Arc::new(Int64Array::from_iter_values(
+                ids.iter().map(|(_, a)| (a.end - a.start) as i64),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                ids.iter().map(|(_, a)| a.spans),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                ids.iter().map(|(_, a)| a.errors),
+            )),
+            Arc::new(services.finish()),
+        ];
+        // services is declared with the shared list type; cast covers builder naming
+        let columns = columns
+            .into_iter()
+            .zip(self.schema.fields())
+            .map(|(c, f)| {
+                if c.data_type() == f.data_type() {
+                    Ok(c)
+                } else {
+                    arrow::compute::cast(&c, f.data_type())
+                }
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+/// Adds one block's (or one head row's) view of a trace to its aggregate.
+fn merge(
+    aggs: &mut HashMap<TraceId, TraceAgg>,
+    id: TraceId,
+    root: Option<(String, String)>,
+    (start, end): (u64, u64),
+    spans: i64,
+    errors: i64,
+) -> &mut TraceAgg {
+    let a = aggs.entry(id).or_insert_with(|| TraceAgg {
+        start: u64::MAX,
+        ..Default::default()
+    });
+    if a.root.is_none() {
+        a.root = root;
+    }
+    a.start = a.start.min(start);
+    a.end = a.end.max(end);
+    a.spans += spans;
+    a.errors += errors;
+    a
+}
+
+#[async_trait]
+impl TableProvider for TracesTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                let only_trace = f.column_refs().iter().all(|c| c.name == "trace_id");
+                if self.ctx.pushdown && only_trace && Pushdown::supports(&self.spans, f) {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let trace_only: Vec<Expr> = filters
+            .iter()
+            .filter(|f| f.column_refs().iter().all(|c| c.name == "trace_id"))
+            .cloned()
+            .collect();
+        let pushdown = Pushdown::from_filters(&self.spans, &trace_only);
+        let want_services = projection.is_none_or(|p| p.contains(&8));
+        let batch = self.collect(pushdown.trace_ids.as_ref(), want_services)?;
+        let exec = MemorySourceConfig::try_new_exec(
+            &[vec![batch]],
+            self.schema.clone(),
+            projection.cloned(),
+        )?;
+        Ok(exec)
+    }
+}

@@ -1,0 +1,492 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use futures::TryStreamExt;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use weft_storage::model::*;
+use weft_storage::{Store, StoreOptions};
+
+use super::*;
+
+const BASE: u64 = 1_700_000_000_000_000_000;
+
+/// Requests shaped like LLM serving: a gateway root, a generate span with the dimensions, and
+/// token spans; a few errors, events and links.
+fn spans(seed: u64, traces: usize) -> Vec<SpanRecord> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let res = |s: &str| {
+        Arc::new(Resource {
+            attributes: vec![
+                KeyValue::new("service.name", Value::Str(s.into())),
+                KeyValue::new("host.name", Value::Str(format!("{s}-host"))),
+            ],
+            ..Default::default()
+        })
+    };
+    let (gateway, engine) = (res("llm-gateway"), res("inference-engine"));
+    let scope = Arc::new(Scope {
+        name: "weft-test".into(),
+        version: "1.0".into(),
+        ..Default::default()
+    });
+    let mut out = Vec::new();
+    for t in 0..traces {
+        let mut id = [0u8; 16];
+        rng.fill(&mut id[..]);
+        id[0] |= 1;
+        let trace = TraceId(id);
+        let base = BASE + t as u64 * 100_000_000;
+        let root = SpanId(rng.random::<[u8; 8]>().map(|b| b | 1));
+        let generate = SpanId(rng.random::<[u8; 8]>().map(|b| b | 1));
+        let version = ["v1", "v2", "v3"][rng.random_range(0..3)];
+        let lora = ["none", "sql-lora"][rng.random_range(0..2)];
+        let worker = format!("worker-{}", rng.random_range(0..4));
+        let error = rng.random_bool(0.1);
+        let tokens = rng.random_range(2..12);
+        let end = base + 50_000_000 + tokens as u64 * 1_000_000;
+        out.push(SpanRecord {
+            trace_id: trace,
+            span_id: root,
+            name: "POST /v1/chat/completions".into(),
+            kind: SpanKind::Server,
+            start: UnixNanos(base),
+            end: UnixNanos(end + 1_000_000),
+            attributes: vec![
+                KeyValue::new("http.route", Value::Str("/v1/chat/completions".into())),
+                KeyValue::new(
+                    "http.status_code",
+                    Value::Int(if error { 500 } else { 200 }),
+                ),
+                KeyValue::new("tenant", Value::Str(format!("t{}", t % 3))),
+            ],
+            status_code: if error {
+                StatusCode::Error
+            } else {
+                StatusCode::Unset
+            },
+            status_message: if error {
+                "upstream failed ✗".into()
+            } else {
+                String::new()
+            },
+            resource: gateway.clone(),
+            scope: scope.clone(),
+            events: if error {
+                vec![Event {
+                    time: UnixNanos(base + 10),
+                    name: "exception".into(),
+                    attributes: vec![KeyValue::new(
+                        "exception.type",
+                        Value::Str("Timeout".into()),
+                    )],
+                    dropped_attributes_count: 0,
+                }]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        });
+        out.push(SpanRecord {
+            trace_id: trace,
+            span_id: generate,
+            parent_span_id: Some(root),
+            name: "llm.generate".into(),
+            kind: SpanKind::Internal,
+            start: UnixNanos(base + 40_000_000),
+            end: UnixNanos(end),
+            attributes: vec![
+                KeyValue::new("llm.model_version", Value::Str(version.into())),
+                KeyValue::new("llm.lora_adapter", Value::Str(lora.into())),
+                KeyValue::new("worker.id", Value::Str(worker.clone())),
+                KeyValue::new("llm.batch_size", Value::Int(rng.random_range(1..5) * 8)),
+                KeyValue::new("gen_ai.usage.output_tokens", Value::Int(tokens)),
+                KeyValue::new("gen_ai.input.messages", Value::Str("prompt ".repeat(200))),
+            ],
+            links: if t % 5 == 0 {
+                vec![Link {
+                    trace_id: trace,
+                    span_id: root,
+                    trace_state: "k=v".into(),
+                    ..Default::default()
+                }]
+            } else {
+                Vec::new()
+            },
+            resource: engine.clone(),
+            scope: scope.clone(),
+            ..Default::default()
+        });
+        for i in 0..tokens {
+            let s = base + 50_000_000 + i as u64 * 1_000_000;
+            let latency = 900_000 + rng.random_range(0..200_000u64);
+            out.push(SpanRecord {
+                trace_id: trace,
+                span_id: SpanId(rng.random::<[u8; 8]>().map(|b| b | 1)),
+                parent_span_id: Some(generate),
+                name: "llm.decode.token".into(),
+                kind: SpanKind::Internal,
+                start: UnixNanos(s),
+                end: UnixNanos(s + latency),
+                attributes: vec![
+                    KeyValue::new("llm.token.index", Value::Int(i)),
+                    KeyValue::new("llm.token.latency_ms", Value::Double(latency as f64 / 1e6)),
+                ],
+                resource: engine.clone(),
+                scope: scope.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    engine: SqlEngine,
+    spans: Vec<SpanRecord>,
+    tenant: TenantId,
+}
+
+/// A store with several blocks over several time ranges and rows still in the head.
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreOptions {
+                flush_rows: 400,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let tenant = TenantId::default_tenant();
+    let all = spans(7, 300);
+    let (flushed, head) = all.split_at(all.len() - 300);
+    for chunk in flushed.chunks(500) {
+        store.append(&tenant, chunk.to_vec()).unwrap();
+        store.flush(true).unwrap();
+    }
+    store.append(&tenant, head.to_vec()).unwrap();
+    // another tenant that must never show
+    store
+        .append(&TenantId::new("other").unwrap(), spans(99, 5))
+        .unwrap();
+    let engine = SqlEngine::new(
+        store,
+        SqlConfig {
+            target_partitions: 2,
+            ..Default::default()
+        },
+    );
+    Fixture {
+        _dir: dir,
+        engine,
+        spans: all,
+        tenant,
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Rows as text, in the order the query produced them.
+async fn rows(f: &Fixture, sql: &str, pushdown: bool) -> Result<Vec<Vec<String>>, SqlError> {
+    let q = f.engine.query_with(&f.tenant, sql, pushdown).await?;
+    let batches: Vec<_> = q
+        .stream
+        .try_collect()
+        .await
+        .map_err(|e| SqlError::from_datafusion(e, false))?;
+    let mut out = Vec::new();
+    let opts = FormatOptions::default().with_null("NULL");
+    for b in batches {
+        let fmts: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
+            .collect();
+        for r in 0..b.num_rows() {
+            out.push(fmts.iter().map(|f| f.value(r).to_string()).collect());
+        }
+    }
+    Ok(out)
+}
+
+fn sorted(mut v: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    v.sort();
+    v
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn pushdown_answers_equal_plain_scans() {
+    let f = fixture();
+    let some = &f.spans[f.spans.len() / 3];
+    let other = &f.spans[f.spans.len() - 5]; // in the head
+    let t0 = BASE + 5_000_000_000;
+    let t1 = BASE + 12_000_000_000;
+    let queries = vec![
+        format!("SELECT span_id, name, duration_ns FROM spans WHERE trace_id = '{}'", some.trace_id.to_hex()),
+        format!(
+            "SELECT span_id FROM spans WHERE trace_id IN ('{}', '{}', 'not-an-id')",
+            some.trace_id.to_hex(),
+            other.trace_id.to_hex()
+        ),
+        "SELECT \"llm.model_version\", count(*) FROM spans WHERE \"llm.model_version\" = 'v2' GROUP BY 1".into(),
+        "SELECT count(*), count(DISTINCT trace_id) FROM spans WHERE \"llm.model_version\" = 'v1' AND \"worker.id\" = 'worker-2' AND \"llm.lora_adapter\" IN ('sql-lora')".into(),
+        "SELECT service_name, status_code, count(*) FROM spans WHERE status_code = 'ERROR' GROUP BY 1, 2".into(),
+        "SELECT count(*) FROM spans WHERE \"llm.batch_size\" = 16".into(),
+        format!(
+            "SELECT count(*), min(start_time), max(end_time) FROM spans WHERE start_time >= to_timestamp_nanos({t0}) AND start_time < to_timestamp_nanos({t1})"
+        ),
+        format!("SELECT count(*) FROM spans WHERE end_time BETWEEN to_timestamp_nanos({t0}) AND to_timestamp_nanos({t1}) AND name = 'llm.decode.token'"),
+        "SELECT span_id, start_time FROM spans ORDER BY start_time DESC, span_id LIMIT 7".into(),
+        "SELECT trace_id, span_count, error_count, services, root_name FROM traces ORDER BY start_time DESC LIMIT 5".into(),
+        format!("SELECT span_count FROM traces WHERE trace_id = '{}'", some.trace_id.to_hex()),
+        "SELECT name, count(*) FROM span_events GROUP BY name".into(),
+        "SELECT count(*) FROM span_links WHERE service_name = 'inference-engine'".into(),
+        "SELECT attributes['http.route'], count(*) FROM spans WHERE service_name = 'llm-gateway' GROUP BY 1".into(),
+        "SELECT \"http.status_code\", tenant, count(*) FROM spans WHERE \"http.status_code\" IS NOT NULL GROUP BY 1, 2".into(),
+        "SELECT resource_attributes['host.name'], count(*) FROM spans GROUP BY 1".into(),
+    ];
+    block_on(async {
+        for q in &queries {
+            let with = rows(&f, q, true)
+                .await
+                .unwrap_or_else(|e| panic!("{q}: {e}"));
+            let without = rows(&f, q, false)
+                .await
+                .unwrap_or_else(|e| panic!("{q}: {e}"));
+            assert_eq!(sorted(with.clone()), sorted(without), "{q}");
+            assert!(!with.is_empty(), "{q} returned nothing");
+        }
+    });
+}
+
+#[test]
+fn answers_match_the_data() {
+    let f = fixture();
+    block_on(async {
+        // per model version: spans of generate spans, computed independently
+        let mut expect: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &f.spans {
+            if let Some(Value::Str(v)) = s.attribute("llm.model_version") {
+                *expect.entry(v.clone()).or_default() += 1;
+            }
+        }
+        let got = rows(&f, "SELECT \"llm.model_version\", count(*) FROM spans WHERE \"llm.model_version\" IS NOT NULL GROUP BY 1 ORDER BY 1", true)
+            .await
+            .unwrap();
+        let want: Vec<Vec<String>> = expect
+            .iter()
+            .map(|(k, n)| vec![k.clone(), n.to_string()])
+            .collect();
+        assert_eq!(got, want);
+
+        let total = rows(&f, "SELECT count(*) FROM spans", true).await.unwrap();
+        assert_eq!(total, vec![vec![f.spans.len().to_string()]]);
+
+        // one trace, field by field
+        let s = &f.spans[1];
+        let got = rows(
+            &f,
+            &format!(
+                "SELECT span_id, parent_span_id, kind, status_code, duration_ns, \"llm.model_version\", \"gen_ai.usage.output_tokens\", scope_name, attributes['gen_ai.input.messages'] = repeat('prompt ', 200) FROM spans WHERE span_id = '{}'",
+                s.span_id.to_hex()
+            ),
+            true,
+        )
+        .await
+        .unwrap();
+        let version = match s.attribute("llm.model_version") {
+            Some(Value::Str(v)) => v.clone(),
+            _ => unreachable!(),
+        };
+        let tokens = match s.attribute("gen_ai.usage.output_tokens") {
+            Some(Value::Int(v)) => v.to_string(),
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            got,
+            vec![vec![
+                hex(&s.span_id.0),
+                hex(&s.parent_span_id.unwrap().0),
+                "INTERNAL".into(),
+                "UNSET".into(),
+                s.duration_ns().to_string(),
+                version,
+                tokens,
+                "weft-test".into(),
+                "true".into(),
+            ]]
+        );
+
+        // the root has no parent
+        let roots = rows(
+            &f,
+            "SELECT count(*) FROM spans WHERE parent_span_id IS NULL",
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(roots, vec![vec!["300".to_string()]]);
+        // the other tenant never shows
+        let others = rows(&f, "SELECT count(*) FROM spans WHERE service_name NOT IN ('llm-gateway', 'inference-engine')", true)
+            .await
+            .unwrap();
+        assert_eq!(others, vec![vec!["0".to_string()]]);
+    });
+}
+
+#[test]
+fn explain_shows_what_was_pushed() {
+    let f = fixture();
+    let some = &f.spans[10];
+    block_on(async {
+        let plan = rows(
+            &f,
+            &format!(
+                "EXPLAIN SELECT * FROM spans WHERE trace_id = '{}'",
+                some.trace_id.to_hex()
+            ),
+            true,
+        )
+        .await
+        .unwrap();
+        let text = plan
+            .iter()
+            .map(|r| r.join(" "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("trace_id index: 1 id(s)"), "{text}");
+        assert!(text.contains("blocks=1/"), "{text}");
+        let plan = rows(
+            &f,
+            "EXPLAIN SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v3'",
+            true,
+        )
+        .await
+        .unwrap();
+        let text = plan
+            .iter()
+            .map(|r| r.join(" "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("postings llm.model_version IN (v3)"),
+            "{text}"
+        );
+        let plan = rows(&f, "EXPLAIN SELECT name FROM spans", true)
+            .await
+            .unwrap();
+        let text = plan
+            .iter()
+            .map(|r| r.join(" "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("projection=[name]"), "{text}");
+    });
+}
+
+#[test]
+fn only_queries_are_accepted() {
+    for sql in [
+        "CREATE TABLE x (a int)",
+        "INSERT INTO spans VALUES (1)",
+        "DELETE FROM spans",
+        "COPY spans TO '/tmp/x.csv'",
+        "SET datafusion.execution.batch_size = 1",
+        "DROP TABLE spans",
+    ] {
+        let e = check_read_only(sql).unwrap_err();
+        assert_eq!(e.kind, SqlErrorKind::NotAQuery, "{sql}");
+        assert!(
+            e.message.contains("only queries are accepted"),
+            "{}",
+            e.message
+        );
+    }
+    check_read_only("SELECT 1").unwrap();
+    check_read_only("WITH a AS (SELECT 1) SELECT * FROM a").unwrap();
+    check_read_only("EXPLAIN SELECT 1").unwrap();
+    check_read_only("SHOW TABLES").unwrap();
+    let e = check_read_only("SELECT * FROM spans WHERE").unwrap_err();
+    assert_eq!(e.kind, SqlErrorKind::Invalid);
+    assert_eq!(e.line, Some(1), "{}", e.message);
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let f = fixture();
+    block_on(async {
+        let e = rows(&f, "SELECT no_such_column FROM spans", true)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, SqlErrorKind::Invalid);
+        assert!(e.message.contains("no_such_column"), "{}", e.message);
+        let e = rows(&f, "SELECT * FROM nowhere", true).await.unwrap_err();
+        assert!(e.message.contains("nowhere"), "{}", e.message);
+        let v = rows(
+            &f,
+            "SELECT version(), current_setting('server_version')",
+            true,
+        )
+        .await
+        .unwrap();
+        assert!(v[0][0].starts_with("PostgreSQL 16"), "{:?}", v);
+        assert_eq!(v[0][1], "16.4");
+    });
+}
+
+#[test]
+fn memory_limit_fails_the_query_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    let tenant = TenantId::default_tenant();
+    store.append(&tenant, spans(3, 400)).unwrap();
+    let engine = SqlEngine::new(
+        store,
+        SqlConfig {
+            memory_limit: 64 << 10,
+            target_partitions: 2,
+            ..Default::default()
+        },
+    );
+    block_on(async {
+        let q = engine
+            .query(
+                &tenant,
+                "SELECT trace_id, span_id, array_agg(name) FROM spans GROUP BY 1, 2 ORDER BY 1, 2",
+            )
+            .await;
+        let e = match q {
+            Err(e) => e,
+            Ok(q) => q
+                .stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| SqlError::from_datafusion(e, false))
+                .unwrap_err(),
+        };
+        assert_eq!(e.kind, SqlErrorKind::ResourcesExhausted, "{}", e.message);
+        // the engine still answers
+        let q = engine
+            .query(&tenant, "SELECT count(*) FROM spans")
+            .await
+            .unwrap();
+        let b: Vec<_> = q.stream.try_collect().await.unwrap();
+        assert_eq!(b[0].num_rows(), 1);
+    });
+}
