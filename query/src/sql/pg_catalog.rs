@@ -1045,6 +1045,14 @@ impl VisitorMut for PgRewriter<'_> {
                 }
             }
             Expr::Collate { expr: inner, .. } => Some((**inner).clone()),
+            // subqueries over empty catalog tables: no rows, whatever they compute
+            Expr::Subquery(q) if query_is_empty(q) => Some(Expr::value(Value::Null)),
+            Expr::Exists { subquery, negated } if query_is_empty(subquery) => {
+                Some(Expr::value(Value::Boolean(*negated)))
+            }
+            Expr::InSubquery { subquery, negated, .. } if query_is_empty(subquery) => {
+                Some(Expr::value(Value::Boolean(*negated)))
+            }
             Expr::Cast {
                 expr: inner,
                 data_type,
@@ -1147,6 +1155,14 @@ fn select_is_empty(select: &ast::Select) -> bool {
                 ) && is_empty_table(&j.relation)
             })
     })
+}
+
+fn query_is_empty(q: &ast::Query) -> bool {
+    match q.body.as_ref() {
+        ast::SetExpr::Select(select) => select_is_empty(select),
+        ast::SetExpr::Query(inner) => query_is_empty(inner),
+        _ => false,
+    }
 }
 
 /// Replaces SELECTs over empty catalog tables by `SELECT NULL AS name, …` over the same FROM
