@@ -105,6 +105,8 @@ def test_psycopg_text_results_extended_and_simple_protocols(weft):
         cur = conn.execute("SELECT count(*) FROM spans WHERE name = %s", (UNICODE,))
         assert cur.fetchone() == (38,)
         cur = conn.execute("SET application_name = 'grafana'; SELECT current_setting('server_version')")
+        assert cur.statusmessage == "SET"
+        assert cur.nextset()
         assert cur.fetchone() == ("16.4",)
         assert conn.execute("SHOW TimeZone").fetchone() == ("UTC",)
 
