@@ -11,3 +11,4 @@ pub mod client;
 pub mod files;
 pub mod generator;
 pub mod peers;
+pub mod pgclient;

@@ -377,6 +377,8 @@ struct Server {
     child: Child,
     http: String,
     otlp: String,
+    /// PostgreSQL wire address, host:port.
+    pg: String,
 }
 
 fn weft_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -422,6 +424,7 @@ async fn start_server(
         child,
         http: format!("http://127.0.0.1:{http}"),
         otlp: format!("http://127.0.0.1:{otlp}"),
+        pg: format!("127.0.0.1:{pg}"),
     };
     let client = Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -563,7 +566,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
         chunk_bytes as f64 / spans as f64
     );
     let mut columns: Vec<_> = by_column.into_iter().collect();
-    columns.sort_by(|a, b| b.1.cmp(&a.1));
+    columns.sort_by_key(|c| std::cmp::Reverse(c.1));
     for (name, bytes) in columns.iter().take(15) {
         println!(
             "  {name:<40} {:>8.3} bytes/span",
@@ -603,7 +606,8 @@ async fn peers(
         "running {} queries on weft ({runs} runs each after a warm-up)...",
         queries.len()
     );
-    let weft_results = weft_bench::peers::run_weft(&server.http, &queries, runs).await?;
+    let weft_results =
+        weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
     terminate(&mut server)?;
     println!("loading duckdb and chdb and running the same queries...");
     let work = temp.path().join("peers");

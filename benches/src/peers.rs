@@ -290,13 +290,23 @@ fn same_rows(a: &[Vec<Value>], b: &[Vec<Value>], ordered: bool) -> bool {
             .all(|(x, y)| x.len() == y.len() && x.iter().zip(y).all(|(u, v)| same_value(u, v)))
 }
 
-/// Runs the queries on Weft over HTTP (Arrow IPC): best of `runs` after one warm-up.
+/// Weft's answer to one query: best HTTP (Arrow IPC) time, best PostgreSQL-wire time, rows.
+pub struct WeftResult {
+    pub http_ms: f64,
+    pub pg_ms: f64,
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// Runs the queries on Weft over HTTP (Arrow IPC) and over the PostgreSQL wire protocol
+/// (simple query, text results): best of `runs` after one warm-up each.
 pub async fn run_weft(
     http: &str,
+    pg: &str,
     queries: &[PeerQuery],
     runs: usize,
-) -> anyhow::Result<BTreeMap<&'static str, (f64, Vec<Vec<Value>>)>> {
+) -> anyhow::Result<BTreeMap<&'static str, WeftResult>> {
     let client = crate::client::Client::new();
+    let mut pg = crate::pgclient::PgClient::connect(pg, "weft").await?;
     let mut out = BTreeMap::new();
     for q in queries {
         let mut best = f64::MAX;
@@ -324,7 +334,33 @@ pub async fn run_weft(
             }
             rows = batches_to_rows(&batches)?;
         }
-        out.insert(q.id, (best, rows));
+        let mut pg_best = f64::MAX;
+        for i in 0..=runs {
+            let started = Instant::now();
+            let n = pg
+                .query(&q.weft)
+                .await
+                .with_context(|| format!("{} over PostgreSQL", q.id))?;
+            let took = started.elapsed().as_secs_f64() * 1e3;
+            anyhow::ensure!(
+                n == rows.len(),
+                "{}: {} rows over PostgreSQL, {} over HTTP",
+                q.id,
+                n,
+                rows.len()
+            );
+            if i > 0 {
+                pg_best = pg_best.min(took);
+            }
+        }
+        out.insert(
+            q.id,
+            WeftResult {
+                http_ms: best,
+                pg_ms: pg_best,
+                rows,
+            },
+        );
     }
     Ok(out)
 }
@@ -355,23 +391,35 @@ pub fn run_peers(
     if !out.status.success() {
         bail!("peers.py failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(serde_json::from_slice(&out.stdout).context("peers.py output")?)
+    serde_json::from_slice(&out.stdout).context("peers.py output")
 }
 
 /// Prints the comparison and returns whether every answer agreed.
 pub fn report(
     queries: &[PeerQuery],
-    weft: &BTreeMap<&'static str, (f64, Vec<Vec<Value>>)>,
+    weft: &BTreeMap<&'static str, WeftResult>,
     peers: &Value,
     weft_bytes_per_span: f64,
 ) -> bool {
     let mut all_agree = true;
+    let h = [
+        "q",
+        "rows",
+        "weft ms",
+        "duckdb ms",
+        "chdb ms",
+        "weft/best",
+        "pg ms",
+        "pg/http",
+        "what",
+    ];
     println!(
-        "{:<4} {:>7} {:>11} {:>11} {:>11} {:>12}  agree  {}",
-        "q", "rows", "weft ms", "duckdb ms", "chdb ms", "weft/best", "what"
+        "{:<4} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  agree  {}",
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8]
     );
     for q in queries {
-        let (w_ms, w_rows) = &weft[q.id];
+        let r = &weft[q.id];
+        let (w_ms, w_rows) = (&r.http_ms, &r.rows);
         let peer = |engine: &str| -> (f64, Vec<Vec<Value>>) {
             let e = &peers[engine]["queries"][q.id];
             let rows = e["rows"]
@@ -390,13 +438,15 @@ pub fn report(
         all_agree &= agree;
         let best = d_ms.min(c_ms);
         println!(
-            "{:<4} {:>7} {:>11.2} {:>11.2} {:>11.2} {:>12.3}  {:<5}  {}",
+            "{:<4} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>10.3} {:>10.2} {:>8.3}  {:<5}  {}",
             q.id,
             w_rows.len(),
             w_ms,
             d_ms,
             c_ms,
             w_ms / best,
+            r.pg_ms,
+            r.pg_ms / w_ms,
             if agree { "yes" } else { "NO" },
             q.what
         );
@@ -408,7 +458,11 @@ pub fn report(
                     .collect::<Vec<_>>()
                     .join(" ")
             };
-            println!("     weft:   {} rows: {}", w_rows.len(), show(w_rows));
+            println!(
+                "     weft:   {} rows: {}",
+                w_rows.len(),
+                show(&w_rows.to_vec())
+            );
             println!("     duckdb: {} rows: {}", d_rows.len(), show(&d_rows));
             println!("     chdb:   {} rows: {}", c_rows.len(), show(&c_rows));
         }

@@ -1050,9 +1050,9 @@ impl VisitorMut for PgRewriter<'_> {
             Expr::Exists { subquery, negated } if query_is_empty(subquery) => {
                 Some(Expr::value(Value::Boolean(*negated)))
             }
-            Expr::InSubquery { subquery, negated, .. } if query_is_empty(subquery) => {
-                Some(Expr::value(Value::Boolean(*negated)))
-            }
+            Expr::InSubquery {
+                subquery, negated, ..
+            } if query_is_empty(subquery) => Some(Expr::value(Value::Boolean(*negated))),
             Expr::Cast {
                 expr: inner,
                 data_type,
@@ -1204,12 +1204,11 @@ fn empty_selects(body: &mut ast::SetExpr) -> bool {
             l || r
         }
         ast::SetExpr::Query(q) => {
-            if empty_selects(&mut q.body) {
+            let empty = empty_selects(&mut q.body);
+            if empty {
                 q.order_by = None;
-                true
-            } else {
-                false
             }
+            empty
         }
         _ => false,
     }

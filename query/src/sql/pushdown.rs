@@ -34,7 +34,7 @@ pub struct Pushdown {
     pub nothing: bool,
 }
 
-fn column_of<'a>(e: &'a Expr) -> Option<&'a str> {
+fn column_of(e: &Expr) -> Option<&str> {
     match e {
         Expr::Column(c) => Some(c.name.as_str()),
         Expr::Cast(c) => column_of(&c.expr),
@@ -403,7 +403,7 @@ impl ScanPlan {
             });
         }
         plan.blocks
-            .sort_by(|a, b| b.meta.max_start.cmp(&a.meta.max_start));
+            .sort_by_key(|b| std::cmp::Reverse(b.meta.max_start));
         Ok(plan)
     }
 }

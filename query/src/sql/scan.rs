@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, TimestampNanosecondArray};
 use arrow::datatypes::SchemaRef;
@@ -26,6 +26,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
 };
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -67,7 +68,7 @@ pub struct WeftScanExec {
     /// Filters pushed by parent operators, checked per block against its time range.
     parent_filters: Vec<Arc<dyn PhysicalExpr>>,
     properties: Arc<PlanProperties>,
-    skipped: Arc<AtomicU64>,
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl WeftScanExec {
@@ -106,7 +107,7 @@ impl WeftScanExec {
             limit,
             parent_filters: Vec::new(),
             properties,
-            skipped: Arc::new(AtomicU64::new(0)),
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
@@ -279,6 +280,10 @@ impl ExecutionPlan for WeftScanExec {
         })
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn execute(
         &self,
         partition: usize,
@@ -287,12 +292,17 @@ impl ExecutionPlan for WeftScanExec {
         let works = self.partitions.get(partition).cloned().unwrap_or_default();
         let batch_size = context.session_config().batch_size().max(1);
         let emitted = Arc::new(AtomicUsize::new(0));
+        let skipped =
+            MetricBuilder::new(&self.metrics).global_counter("blocks_skipped_by_parent_filters");
+        let read = MetricBuilder::new(&self.metrics).global_counter("blocks_read");
+        let rows_read = MetricBuilder::new(&self.metrics).global_counter("rows_read");
         let this = Arc::new(self.clone());
         let schema = self.schema.clone();
         let stream = futures::stream::iter(works)
             .then(move |work| {
                 let this = this.clone();
                 let emitted = emitted.clone();
+                let (skipped, read, rows_read) = (skipped.clone(), read.clone(), rows_read.clone());
                 async move {
                     if this
                         .limit
@@ -308,7 +318,7 @@ impl ExecutionPlan for WeftScanExec {
                             &this.plan.blocks[i],
                         )
                     {
-                        this.skipped.fetch_add(1, Ordering::Relaxed);
+                        skipped.add(1);
                         return Ok(Vec::new());
                     }
                     let t = this.clone();
@@ -322,7 +332,11 @@ impl ExecutionPlan for WeftScanExec {
                     .await
                     .map_err(|e| DataFusionError::External(Box::new(e)))??;
                     let mut batches = Vec::new();
+                    if matches!(work, Work::Block(_)) {
+                        read.add(1);
+                    }
                     for (rows, cols) in columns {
+                        rows_read.add(rows);
                         let batch = RecordBatch::try_new_with_options(
                             this.schema.clone(),
                             cols,

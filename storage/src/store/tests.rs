@@ -133,7 +133,7 @@ fn by_trace(spans: &[SpanRecord]) -> BTreeMap<TraceId, Vec<SpanRecord>> {
         map.entry(s.trace_id).or_default().push(s.clone());
     }
     for v in map.values_mut() {
-        v.sort_by(|a, b| (a.start, a.span_id).cmp(&(b.start, b.span_id)));
+        v.sort_by_key(|a| (a.start, a.span_id));
     }
     map
 }

@@ -16,7 +16,9 @@ async fn every_acknowledged_span_survives_sigkill_exactly_once() {
         dir.path(),
         &["--flush-rows", "2000", "--flush-age", "200ms"],
     );
-    let acked: Arc<Mutex<HashMap<Vec<u8>, HashSet<Vec<u8>>>>> = Default::default();
+    // trace id -> acknowledged span ids
+    type Acked = Arc<Mutex<HashMap<Vec<u8>, HashSet<Vec<u8>>>>>;
+    let acked: Acked = Default::default();
     let mut tasks = Vec::new();
     for sender in 0..4u64 {
         let (acked, otlp) = (acked.clone(), w.otlp.clone());

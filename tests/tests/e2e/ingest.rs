@@ -28,7 +28,7 @@ fn rich_trace(
         attr("gen_ai.usage.output_tokens", V::IntValue(64)),
         sattr("llm.model_version", "llama-3.1-70b-2025-09"),
         attr("llm.batch_size", V::IntValue(16)),
-        attr("gen_ai.latency.time_to_first_token", V::DoubleValue(0.318)),
+        attr("gen_ai.latency.time_to_first_token", V::DoubleValue(0.325)),
         attr(
             "gen_ai.response.finish_reasons",
             V::ArrayValue(ArrayValue {
