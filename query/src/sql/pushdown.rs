@@ -385,7 +385,14 @@ impl ScanPlan {
                     plan.blocks_pruned_by_index += 1;
                     continue;
                 }
-                Some(s) if s.len() == u64::from(meta.rows) => Rows::All,
+                // postings selecting most of a block: reading it whole is cheaper than a
+                // fragmented selection (DataFusion applies the filter either way)
+                Some(s)
+                    if s.len() == u64::from(meta.rows)
+                        || (p.trace_ids.is_none() && s.len() * 2 > u64::from(meta.rows)) =>
+                {
+                    Rows::All
+                }
                 Some(s) => {
                     let (lo, hi) = (s.min().unwrap_or(0), s.max().unwrap_or(0));
                     if u64::from(hi - lo + 1) == s.len() {

@@ -36,14 +36,31 @@ impl Rows {
                 RowSelector::skip(total.saturating_sub(start + len) as usize),
             ])),
             Rows::Set(set) => {
+                // runs of consecutive rows become one selector each
                 let mut sel = Vec::new();
                 let mut at = 0u32;
+                let mut run: Option<(u32, u32)> = None;
                 for row in set.iter().filter(|r| *r < total) {
-                    if row > at {
-                        sel.push(RowSelector::skip((row - at) as usize));
+                    match &mut run {
+                        Some((_, end)) if *end == row => *end += 1,
+                        _ => {
+                            if let Some((start, end)) = run.take() {
+                                if start > at {
+                                    sel.push(RowSelector::skip((start - at) as usize));
+                                }
+                                sel.push(RowSelector::select((end - start) as usize));
+                                at = end;
+                            }
+                            run = Some((row, row + 1));
+                        }
                     }
-                    sel.push(RowSelector::select(1));
-                    at = row + 1;
+                }
+                if let Some((start, end)) = run {
+                    if start > at {
+                        sel.push(RowSelector::skip((start - at) as usize));
+                    }
+                    sel.push(RowSelector::select((end - start) as usize));
+                    at = end;
                 }
                 sel.push(RowSelector::skip(total.saturating_sub(at) as usize));
                 Some(RowSelection::from(sel))
