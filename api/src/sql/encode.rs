@@ -292,6 +292,28 @@ impl Encoder {
     }
 
     pub fn batch(&mut self, batch: &RecordBatch) -> Result<Vec<u8>, SqlError> {
+        // Operators may hand out another physical type than the plan's schema announced
+        // (Utf8View for Utf8, say): answers follow the announced schema.
+        let conformed;
+        let batch = if batch.schema().fields() == self.schema.fields() {
+            batch
+        } else {
+            let columns = batch
+                .columns()
+                .iter()
+                .zip(self.schema.fields())
+                .map(|(c, f)| {
+                    if c.data_type() == f.data_type() {
+                        Ok(c.clone())
+                    } else {
+                        arrow::compute::cast(c, f.data_type())
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(internal)?;
+            conformed = RecordBatch::try_new(self.schema.clone(), columns).map_err(internal)?;
+            &conformed
+        };
         if let Some(w) = &mut self.arrow {
             w.write(batch).map_err(internal)?;
             return Ok(std::mem::take(w.get_mut()));
