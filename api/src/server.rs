@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use weft_ingest::Ingester;
@@ -137,9 +138,17 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
             tonic::transport::server::TcpIncoming::from(grpc_listener),
             shutdown_signal(stop_rx.clone()),
         );
-    let otlp_http = axum::serve(http_listener, otlp::http::router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
-    let api = axum::serve(api_listener, api_router(state.clone()))
+    // TCP_NODELAY: answers are written in several pieces (streamed SQL results); without it
+    // Nagle's algorithm and delayed ACKs add tens of milliseconds to each.
+    let nodelay = |s: &mut tokio::net::TcpStream| {
+        let _ = s.set_nodelay(true);
+    };
+    let otlp_http = axum::serve(
+        http_listener.tap_io(nodelay),
+        otlp::http::router(state.clone()),
+    )
+    .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    let api = axum::serve(api_listener.tap_io(nodelay), api_router(state.clone()))
         .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
     let pg = sql::pg::serve(
         pg_listener,
