@@ -141,7 +141,7 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
             .iter()
             .map(|(c, int)| {
                 format!(
-                    "SELECT '{c}' AS dimension, {} AS value, d.duration_ns > 100000000 AS slow FROM d JOIN g ON d.trace_id = g.trace_id",
+                    "SELECT '{c}' AS dimension, {} AS value, d.duration_ns > 100000000 AS slow FROM g JOIN d ON g.trace_id = d.trace_id",
                     cast(c, *int)
                 )
             })
