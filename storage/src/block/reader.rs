@@ -181,11 +181,34 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 Ok(all[back as usize..].to_vec())
             }
             Rows::Set(set) => {
-                let all = self.rebuild_starts(&Rows::All)?;
-                Ok(set
-                    .iter()
-                    .filter_map(|r| all.get(r as usize).copied())
-                    .collect())
+                // Rebuild only the pages holding selected rows (each page starts absolute),
+                // unless they are most of the block.
+                let page = PAGE_ROWS as u32;
+                let mut pages: Vec<u32> = set.iter().map(|r| r / page).collect();
+                pages.dedup();
+                let total_pages = self.meta.rows.div_ceil(page).max(1);
+                if pages.len() as u32 * 2 > total_pages {
+                    let all = self.rebuild_starts(&Rows::All)?;
+                    return Ok(set
+                        .iter()
+                        .filter_map(|r| all.get(r as usize).copied())
+                        .collect());
+                }
+                let mut out = Vec::with_capacity(set.len() as usize);
+                let mut rows = set.iter().peekable();
+                for p in pages {
+                    let first = p * page;
+                    let len = page.min(self.meta.rows.saturating_sub(first));
+                    let starts = self.rebuild_starts(&Rows::Range(first, len))?;
+                    while let Some(&r) = rows.peek() {
+                        if r / page != p {
+                            break;
+                        }
+                        out.extend(starts.get((r - first) as usize).copied());
+                        rows.next();
+                    }
+                }
+                Ok(out)
             }
         }
     }
