@@ -128,6 +128,16 @@ fn timestamp_nanos(a: &ArrayRef, unit: &TimeUnit, row: usize) -> i64 {
     }
 }
 
+/// One value as JSON text (maps and structs as objects, lists as arrays).
+pub fn json_text(a: &ArrayRef, row: usize) -> String {
+    let mut out = String::new();
+    match ArrayFormatter::try_new(a.as_ref(), &FormatOptions::default()) {
+        Ok(f) => json_value(&mut out, a, row, &f),
+        Err(_) => out.push_str("null"),
+    }
+    out
+}
+
 /// One value as JSON.
 fn json_value(out: &mut String, a: &ArrayRef, row: usize, fmt: &ArrayFormatter<'_>) {
     use arrow::datatypes::*;

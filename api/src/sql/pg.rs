@@ -381,30 +381,15 @@ fn normalise(c: &ArrayRef) -> PgWireResult<ArrayRef> {
 }
 
 fn text_of(c: &ArrayRef, row: usize) -> String {
-    let opts = arrow::util::display::FormatOptions::default();
     match c.data_type() {
-        DataType::Map(_, _) | DataType::Struct(_) => {
-            // JSON text, as the HTTP API gives it
-            let batch = RecordBatch::try_from_iter([("v", c.slice(row, 1))]);
-            match batch {
-                Ok(b) => {
-                    let mut enc = match crate::sql::encode::Encoder::new(
-                        crate::sql::encode::Format::Json,
-                        b.schema(),
-                    ) {
-                        Ok(e) => e,
-                        Err(_) => return String::new(),
-                    };
-                    let bytes = enc.batch(&b).unwrap_or_default();
-                    let s = String::from_utf8_lossy(&bytes).to_string();
-                    s.trim_start_matches('[').trim_end_matches(']').to_owned()
-                }
-                Err(_) => String::new(),
-            }
-        }
-        _ => arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &opts)
-            .map(|f| f.value(row).to_string())
-            .unwrap_or_default(),
+        // JSON text, as the HTTP API gives it
+        DataType::Map(_, _) | DataType::Struct(_) => crate::sql::encode::json_text(c, row),
+        _ => arrow::util::display::ArrayFormatter::try_new(
+            c.as_ref(),
+            &arrow::util::display::FormatOptions::default(),
+        )
+        .map(|f| f.value(row).to_string())
+        .unwrap_or_default(),
     }
 }
 

@@ -53,6 +53,47 @@ fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
+/// The fixed `spans` columns (no dynamic ones): enough to analyse filters on the columns the
+/// other tables share with `spans`. Built once.
+fn fixed_spans_columns() -> &'static SpanColumns {
+    static FIXED: std::sync::OnceLock<SpanColumns> = std::sync::OnceLock::new();
+    FIXED.get_or_init(|| SpanColumns::discover(&Snapshot::default()))
+}
+
+/// Filters that only use `shared` columns, which mean the same as on `spans`.
+fn shared_filters(filters: &[Expr], shared: &[&str]) -> Vec<Expr> {
+    filters
+        .iter()
+        .filter(|f| uses_only(f, shared))
+        .cloned()
+        .collect()
+}
+
+fn uses_only(f: &Expr, shared: &[&str]) -> bool {
+    f.column_refs()
+        .iter()
+        .all(|c| shared.contains(&c.name.as_str()))
+}
+
+/// Push-down answer for a table whose `shared` columns mean the same as on `spans`.
+fn shared_pushdown(
+    ctx: &TableContext,
+    filters: &[&Expr],
+    shared: &[&str],
+) -> Vec<TableProviderFilterPushDown> {
+    filters
+        .iter()
+        .map(|f| {
+            if ctx.pushdown && uses_only(f, shared) && Pushdown::supports(fixed_spans_columns(), f)
+            {
+                TableProviderFilterPushDown::Inexact
+            } else {
+                TableProviderFilterPushDown::Unsupported
+            }
+        })
+        .collect()
+}
+
 /// Head rows passing the pushed filters, as (batch, row) indexes into the snapshot.
 fn head_rows(ctx: &TableContext, p: &Pushdown) -> Vec<(u32, u32)> {
     let mut out = Vec::new();
@@ -205,8 +246,6 @@ pub struct NestedTable {
     ctx: TableContext,
     kind: Nested,
     schema: SchemaRef,
-    /// The spans table's columns, to analyse filters on the columns both tables share.
-    spans: SpanColumns,
 }
 
 impl NestedTable {
@@ -236,22 +275,12 @@ impl NestedTable {
         let schema = Arc::new(Schema::new(
             common.into_iter().chain(own).collect::<Vec<_>>(),
         ));
-        let spans = SpanColumns::discover(&Snapshot::default());
-        Self {
-            ctx,
-            kind,
-            schema,
-            spans,
-        }
-    }
-
-    /// Filters on `trace_id` and `service_name` mean the same here as on `spans`.
-    fn shared_filter(f: &Expr) -> bool {
-        f.column_refs()
-            .iter()
-            .all(|c| c.name == "trace_id" || c.name == "service_name")
+        Self { ctx, kind, schema }
     }
 }
+
+/// The columns `span_events` and `span_links` share with `spans`.
+const NESTED_SHARED: &[&str] = &["trace_id", "service_name"];
 
 #[derive(Debug)]
 struct NestedSource {
@@ -437,17 +466,7 @@ impl TableProvider for NestedTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        Ok(filters
-            .iter()
-            .map(|f| {
-                if self.ctx.pushdown && Self::shared_filter(f) && Pushdown::supports(&self.spans, f)
-                {
-                    TableProviderFilterPushDown::Inexact
-                } else {
-                    TableProviderFilterPushDown::Unsupported
-                }
-            })
-            .collect())
+        Ok(shared_pushdown(&self.ctx, filters, NESTED_SHARED))
     }
     async fn scan(
         &self,
@@ -456,12 +475,8 @@ impl TableProvider for NestedTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let shared: Vec<Expr> = filters
-            .iter()
-            .filter(|f| Self::shared_filter(f))
-            .cloned()
-            .collect();
-        let pushdown = Pushdown::from_filters(&self.spans, &shared);
+        let shared = shared_filters(filters, NESTED_SHARED);
+        let pushdown = Pushdown::from_filters(fixed_spans_columns(), &shared);
         let plan = ScanPlan::build(
             &self.ctx.store,
             &self.ctx.tenant,
@@ -494,7 +509,6 @@ impl TableProvider for NestedTable {
 pub struct TracesTable {
     ctx: TableContext,
     schema: SchemaRef,
-    spans: SpanColumns,
 }
 
 impl TracesTable {
@@ -510,8 +524,7 @@ impl TracesTable {
             Field::new("error_count", DataType::Int64, false),
             Field::new("services", list_type(), false),
         ]));
-        let spans = SpanColumns::discover(&Snapshot::default());
-        Self { ctx, schema, spans }
+        Self { ctx, schema }
     }
 }
 
@@ -695,17 +708,7 @@ impl TableProvider for TracesTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        Ok(filters
-            .iter()
-            .map(|f| {
-                let only_trace = f.column_refs().iter().all(|c| c.name == "trace_id");
-                if self.ctx.pushdown && only_trace && Pushdown::supports(&self.spans, f) {
-                    TableProviderFilterPushDown::Inexact
-                } else {
-                    TableProviderFilterPushDown::Unsupported
-                }
-            })
-            .collect())
+        Ok(shared_pushdown(&self.ctx, filters, &["trace_id"]))
     }
     async fn scan(
         &self,
@@ -714,12 +717,8 @@ impl TableProvider for TracesTable {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let trace_only: Vec<Expr> = filters
-            .iter()
-            .filter(|f| f.column_refs().iter().all(|c| c.name == "trace_id"))
-            .cloned()
-            .collect();
-        let pushdown = Pushdown::from_filters(&self.spans, &trace_only);
+        let trace_only = shared_filters(filters, &["trace_id"]);
+        let pushdown = Pushdown::from_filters(fixed_spans_columns(), &trace_only);
         let want_services = projection.is_none_or(|p| p.contains(&8));
         let batch = self.collect(pushdown.trace_ids.as_ref(), want_services)?;
         let exec = MemorySourceConfig::try_new_exec(
