@@ -122,18 +122,10 @@ struct Secret(String);
 #[async_trait]
 impl AuthSource for Secret {
     async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        let salt: [u8; 4] = rand_salt();
+        let salt: [u8; 4] = rand::random();
         let hashed = hash_md5_password(login.user().unwrap_or_default(), &self.0, &salt);
         Ok(Password::new(Some(salt.to_vec()), hashed.into_bytes()))
     }
-}
-
-fn rand_salt() -> [u8; 4] {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mixed = nanos.wrapping_mul(2_654_435_761) ^ std::process::id().rotate_left(16);
-    mixed.to_le_bytes()
 }
 
 struct Startup {

@@ -1078,20 +1078,8 @@ impl VisitorMut for PgRewriter<'_> {
                         _ => (**inner).clone(),
                     }),
                     "regtype" | "regproc" | "regprocedure" | "regnamespace" | "regrole" | "oid"
-                    | "xid" => Some(Expr::Cast {
-                        kind: ast::CastKind::Cast,
-                        expr: inner.clone(),
-                        data_type: ast::DataType::BigInt(None),
-                        array: false,
-                        format: None,
-                    }),
-                    "text" | "name" | "\"char\"" | "char" => Some(Expr::Cast {
-                        kind: ast::CastKind::Cast,
-                        expr: inner.clone(),
-                        data_type: ast::DataType::Text,
-                        array: false,
-                        format: None,
-                    }),
+                    | "xid" => Some(cast(inner, ast::DataType::BigInt(None))),
+                    "text" | "name" | "\"char\"" | "char" => Some(cast(inner, ast::DataType::Text)),
                     _ => None,
                 }
             }
@@ -1101,6 +1089,16 @@ impl VisitorMut for PgRewriter<'_> {
             *expr = r;
         }
         std::ops::ControlFlow::Continue(())
+    }
+}
+
+fn cast(expr: &Expr, data_type: ast::DataType) -> Expr {
+    Expr::Cast {
+        kind: ast::CastKind::Cast,
+        expr: Box::new(expr.clone()),
+        data_type,
+        array: false,
+        format: None,
     }
 }
 

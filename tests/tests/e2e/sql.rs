@@ -362,7 +362,14 @@ async fn a_query_over_its_limits_fails_alone() {
     let dir = tempfile::tempdir().unwrap();
     let w = Weft::start(
         dir.path(),
-        &["--sql-timeout", "2s", "--sql-memory-limit", "2000000"],
+        &[
+            "--sql-timeout",
+            "2s",
+            "--sql-memory-limit",
+            "2000000",
+            "--pg-password",
+            "s3cret",
+        ],
     );
     let c = Client::new();
     load(
@@ -403,4 +410,36 @@ async fn a_query_over_its_limits_fails_alone() {
     // the server still answers
     let n = rows(&c, &w, "SELECT count(*) FROM spans").await;
     assert!(n[0][0].as_u64().unwrap() > 5_000);
+    // with --pg-password, PostgreSQL clients must give it (md5)
+    let psql = |password: &str| {
+        Command::new("psql")
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &w.pg.to_string(),
+                "-U",
+                "u",
+                "-d",
+                "weft",
+                "-c",
+                "SELECT 7",
+            ])
+            .env("PGPASSWORD", password)
+            .output()
+            .expect("psql")
+    };
+    let ok = psql("s3cret");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "7");
+    let refused = psql("wrong");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("authentication failed"));
 }
