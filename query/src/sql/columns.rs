@@ -4,8 +4,8 @@
 //! attribute), then one per dynamic attribute key present in the tenant's data, then the
 //! `attributes` and `resource_attributes` maps that answer for any key.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use arrow::array::{
     Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
@@ -137,17 +137,9 @@ impl SpanColumns {
                 }
             }
         }
-        for span in snapshot.head.rows() {
-            for kv in &span.attributes {
-                if dedicated_for(&kv.key).is_some()
-                    || weft_storage::schema::is_long(&kv.key, &kv.value)
-                {
-                    continue;
-                }
-                // as in blocks: lists of strings stay in the generic map unless dedicated
-                if let Some(ty) = ColumnType::of(&kv.value).filter(|t| *t != ColumnType::StrList) {
-                    offer(&kv.key, ty);
-                }
+        for batch in &snapshot.head.batches {
+            for (key, ty) in batch_keys(batch).iter() {
+                offer(key, *ty);
             }
         }
         Self::with_dynamic(keys)
@@ -207,6 +199,42 @@ impl SpanColumns {
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.schema.index_of(name).ok()
     }
+}
+
+/// The dynamic attribute keys (and value types) of one head batch, computed once per batch:
+/// batches are immutable, and every query over the head would otherwise walk all its rows.
+fn batch_keys(batch: &Arc<Vec<SpanRecord>>) -> Arc<Vec<(String, ColumnType)>> {
+    type Cache = HashMap<usize, (Weak<Vec<SpanRecord>>, Arc<Vec<(String, ColumnType)>>)>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = Arc::as_ptr(batch) as usize;
+    if let Some((weak, keys)) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key)
+        && weak.upgrade().is_some_and(|b| Arc::ptr_eq(&b, batch))
+    {
+        return keys.clone();
+    }
+    let mut found: Vec<(String, ColumnType)> = Vec::new();
+    for span in batch.iter() {
+        for kv in &span.attributes {
+            if dedicated_for(&kv.key).is_some() || weft_storage::schema::is_long(&kv.key, &kv.value)
+            {
+                continue;
+            }
+            // as in blocks: lists of strings stay in the generic map unless dedicated
+            if let Some(ty) = ColumnType::of(&kv.value).filter(|t| *t != ColumnType::StrList)
+                && !found.iter().any(|(k, t)| *k == kv.key && *t == ty)
+            {
+                found.push((kv.key.clone(), ty));
+            }
+        }
+    }
+    let keys = Arc::new(found);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.len() >= 4096 {
+        cache.retain(|_, (weak, _)| weak.strong_count() > 0);
+    }
+    cache.insert(key, (Arc::downgrade(batch), keys.clone()));
+    keys
 }
 
 fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
