@@ -132,6 +132,24 @@ enum Cmd {
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
     },
+    /// The canonical peer queries against a running Weft holding the generated data (same
+    /// --spans/--seed), Weft only: times over HTTP and PostgreSQL wire, for profiling.
+    Queries {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long, default_value = "http://127.0.0.1:3200")]
+        target: String,
+        #[arg(long, default_value = "127.0.0.1:5433")]
+        pg: String,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Only these queries, e.g. --only Q2 --only Q4.
+        #[arg(long)]
+        only: Vec<String>,
+        /// Print each query's SQL.
+        #[arg(long)]
+        print: bool,
+    },
     /// Trace-by-id latency percentiles against a running server holding the generated data.
     Lookup {
         #[command(flatten)]
@@ -198,6 +216,36 @@ fn main() -> anyhow::Result<()> {
             runs,
             concurrency,
         } => rt.block_on(peers(data, weft, python, runs, concurrency)),
+        Cmd::Queries {
+            data,
+            target,
+            pg,
+            runs,
+            only,
+            print,
+        } => {
+            let params = weft_bench::peers::Params::choose(&data.config());
+            let queries: Vec<_> = weft_bench::peers::queries(&params)
+                .into_iter()
+                .filter(|q| only.is_empty() || only.iter().any(|o| o == q.id))
+                .collect();
+            let results = rt.block_on(weft_bench::peers::run_weft(&target, &pg, &queries, runs))?;
+            for q in &queries {
+                let r = &results[q.id];
+                println!(
+                    "{:<4} {:>6} rows  http {:>9.2} ms  pg {:>9.2} ms  {}",
+                    q.id,
+                    r.rows.len(),
+                    r.http_ms,
+                    r.pg_ms,
+                    q.what
+                );
+                if print {
+                    println!("     {}", q.weft);
+                }
+            }
+            Ok(())
+        }
         Cmd::Lookup {
             data,
             target,

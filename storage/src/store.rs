@@ -21,7 +21,7 @@ use rocksdb::{
 };
 
 use crate::block::format::{decode_postings, decode_traces, encode_traces};
-use crate::block::reader::{ChunkSource, Rows};
+use crate::block::reader::{ChunkSource, Rows, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
 use crate::codec::{decode_spans, encode_spans};
 use crate::error::{Result, StorageError};
@@ -123,11 +123,28 @@ pub struct Store {
     closed: AtomicBool,
     /// Parsed footers of column chunks, by chunk key.
     footers: Mutex<HashMap<Vec<u8>, ArrowReaderMetadata>>,
+    /// Column chunks recently read, by key, with their total size: a repeated query decodes
+    /// from memory instead of copying chunks out of RocksDB again.
+    chunk_cache: Mutex<(usize, HashMap<Vec<u8>, Bytes>)>,
+    /// Decoded postings by key, with the encoded bytes they hold in total.
+    #[allow(clippy::type_complexity)]
+    postings_cache: Mutex<(
+        usize,
+        HashMap<Vec<u8>, (usize, Arc<Vec<(String, RoaringBitmap)>>)>,
+    )>,
+    /// Trace runs of blocks, by block key (from the blocks' trace summaries).
+    trace_runs: Mutex<HashMap<Vec<u8>, Arc<TraceRuns>>>,
     pub stats: StoreStats,
 }
 
 /// Column-chunk footers kept in memory (a few KiB each).
 const FOOTER_CACHE_ENTRIES: usize = 16_384;
+/// Bytes of column chunks kept in memory.
+pub const CHUNK_CACHE_BYTES: usize = 128 << 20;
+/// Encoded bytes of the postings kept decoded in memory.
+pub const POSTINGS_CACHE_BYTES: usize = 64 << 20;
+/// Blocks whose trace runs are kept in memory (20 bytes a trace).
+const TRACE_RUNS_CACHE_ENTRIES: usize = 4_096;
 
 /// What an append did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +203,9 @@ impl Store {
             sync,
             closed: AtomicBool::new(false),
             footers: Mutex::new(HashMap::new()),
+            trace_runs: Mutex::new(HashMap::new()),
+            postings_cache: Mutex::new((0, HashMap::new())),
+            chunk_cache: Mutex::new((0, HashMap::new())),
             stats: StoreStats::default(),
         };
         store.recover()?;
@@ -605,10 +625,10 @@ impl Store {
         term: &str,
     ) -> Result<RoaringBitmap> {
         Ok(self
-            .dimension(tenant, addr, dim)?
-            .into_iter()
+            .dimension_shared(tenant, addr, dim)?
+            .iter()
             .find(|(t, _)| t == term)
-            .map(|(_, rows)| rows)
+            .map(|(_, rows)| rows.clone())
             .unwrap_or_default())
     }
 
@@ -619,13 +639,42 @@ impl Store {
         addr: BlockAddr,
         dim: &str,
     ) -> Result<Vec<(String, RoaringBitmap)>> {
-        match self
-            .db
-            .get_pinned_cf(self.cf(CF_DATA), keys::postings(tenant, addr, dim))?
+        Ok(self.dimension_shared(tenant, addr, dim)?.as_ref().clone())
+    }
+
+    /// [`Self::dimension`], decoded once and kept (postings of immutable blocks never change;
+    /// the cache holds at most [`POSTINGS_CACHE_BYTES`] of encoded postings).
+    pub fn dimension_shared(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        dim: &str,
+    ) -> Result<Arc<Vec<(String, RoaringBitmap)>>> {
+        let key = keys::postings(tenant, addr, dim);
+        if let Some((_, d)) = self
+            .postings_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .get(&key)
         {
-            Some(v) => decode_postings(&v),
-            None => Ok(Vec::new()),
+            return Ok(d.clone());
         }
+        let (bytes, decoded) = match self.db.get_pinned_cf(self.cf(CF_DATA), &key)? {
+            Some(v) => (v.len(), Arc::new(decode_postings(&v)?)),
+            None => (0, Arc::new(Vec::new())),
+        };
+        let mut cache = self
+            .postings_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if cache.0 + bytes > POSTINGS_CACHE_BYTES {
+            cache.1.clear(); // crude but bounded
+            cache.0 = 0;
+        }
+        cache.0 += bytes;
+        cache.1.insert(key, (bytes, decoded.clone()));
+        Ok(decoded)
     }
 
     /// Compacts every column family (after a bulk load, before measuring size).
@@ -723,13 +772,58 @@ impl ChunkSource for ChunkFetcher<'_> {
         footers.insert(key, metadata.clone());
     }
 
+    fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
+        let key = keys::block_key(&self.tenant, keys::TRACES, self.addr);
+        let cached = self
+            .store
+            .trace_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(runs) = cached {
+            return Ok(Some(runs));
+        }
+        let entries = self.store.block_traces(&self.tenant, self.addr)?;
+        let runs = Arc::new(TraceRuns::new(
+            entries.iter().map(|t| (t.row_start, t.trace_id)).collect(),
+        ));
+        let mut cache = self
+            .store
+            .trace_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= TRACE_RUNS_CACHE_ENTRIES {
+            cache.clear(); // bounded; blocks are immutable, so entries never go stale
+        }
+        cache.insert(key, runs.clone());
+        Ok(Some(runs))
+    }
+
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
         let key = keys::chunk(&self.tenant, self.addr, column);
-        Ok(self
+        let cache = &self.store.chunk_cache;
+        if let Some(bytes) = cache.lock().unwrap_or_else(|e| e.into_inner()).1.get(&key) {
+            return Ok(Some(bytes.clone()));
+        }
+        let Some(bytes) = self
             .store
             .db
-            .get_cf(self.store.cf(CF_DATA), key)?
-            .map(Bytes::from))
+            .get_cf(self.store.cf(CF_DATA), &key)?
+            .map(Bytes::from)
+        else {
+            return Ok(None);
+        };
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if bytes.len() <= CHUNK_CACHE_BYTES / 8 {
+            if cache.0 + bytes.len() > CHUNK_CACHE_BYTES {
+                cache.1.clear(); // crude but bounded; chunks are immutable
+                cache.0 = 0;
+            }
+            cache.0 += bytes.len();
+            cache.1.insert(key, bytes.clone());
+        }
+        Ok(Some(bytes))
     }
 }
 

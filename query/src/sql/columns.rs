@@ -11,6 +11,7 @@ use arrow::array::{
     Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
     Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, TimestampNanosecondArray,
 };
+use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::error::{DataFusionError, Result};
@@ -18,7 +19,7 @@ use weft_storage::block::BlockMeta;
 use weft_storage::block::format::ColumnKind;
 use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
 use weft_storage::block::writer::col;
-use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, Value};
+use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, TraceId, Value};
 use weft_storage::schema::{
     ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
 };
@@ -252,24 +253,52 @@ fn kind_str(kind: SpanKind) -> &'static str {
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
-    let width = a.value_length() as usize * 2;
-    let mut b = StringBuilder::with_capacity(a.len(), a.len() * width);
-    let mut buf = [0u8; 32];
-    for i in 0..a.len() {
-        if a.is_null(i) {
-            b.append_null();
-            continue;
-        }
-        for (j, byte) in a.value(i).iter().enumerate() {
-            buf[2 * j] = HEX[(byte >> 4) as usize];
-            buf[2 * j + 1] = HEX[(byte & 15) as usize];
-        }
-        b.append_value(std::str::from_utf8(&buf[..width]).unwrap_or_default());
+/// Lower-case hex of every byte value, two characters each.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    let digits = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [digits[i >> 4], digits[i & 15]];
+        i += 1;
     }
-    Arc::new(b.finish())
+    t
+};
+
+/// Ids as lower-case hex strings, written straight into one values buffer (every value has the
+/// same width, so the offsets are arithmetic); null ids stay null.
+fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
+    let width = a.value_length() as usize;
+    let raw = a.value_data();
+    let mut values = Vec::with_capacity(raw.len() * 2);
+    for byte in raw {
+        values.extend_from_slice(&HEX_PAIRS[*byte as usize]);
+    }
+    let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(width * 2, a.len()));
+    let nulls = a.nulls().cloned();
+    // hex digits are ASCII: the UTF-8 check (the crate forbids skipping it) cannot fail
+    Arc::new(StringArray::new(offsets, values.into(), nulls))
+}
+
+/// Trace ids as lower-case hex strings, one per row, given each row's index into `ids`.
+fn hex_runs(ids: &[TraceId], runs: &[u32]) -> ArrayRef {
+    let texts: Vec<[u8; 32]> = ids
+        .iter()
+        .map(|id| {
+            let mut t = [0u8; 32];
+            for (j, byte) in id.0.iter().enumerate() {
+                t[2 * j..2 * j + 2].copy_from_slice(&HEX_PAIRS[*byte as usize]);
+            }
+            t
+        })
+        .collect();
+    let mut values = Vec::with_capacity(runs.len() * 32);
+    for &r in runs {
+        values.extend_from_slice(&texts[r as usize]);
+    }
+    let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(32, runs.len()));
+    // hex digits are ASCII: the UTF-8 check cannot fail
+    Arc::new(StringArray::new(offsets, values.into(), None))
 }
 
 /// An attribute value as map text: strings as they are, numbers and bools as SQL would print
@@ -433,6 +462,15 @@ pub fn read_block<S: ChunkSource>(
     for &p in projection {
         let field = columns.schema.field(p);
         let array: ArrayRef = match &columns.cols[p] {
+            SpanCol::TraceId if let Some(runs) = reader.trace_runs().map_err(s)? => {
+                // from the block's trace runs: the trace-id chunk is not decoded
+                let rows_iter: Box<dyn Iterator<Item = u32>> = match rows {
+                    Rows::All => Box::new(0..meta.rows),
+                    Rows::Range(start, len) => Box::new(*start..start + len),
+                    Rows::Set(set) => Box::new(set.iter()),
+                };
+                hex_runs(&runs.ids, &runs.runs_of(rows_iter))
+            }
             SpanCol::TraceId | SpanCol::SpanId | SpanCol::ParentSpanId => {
                 let name = match &columns.cols[p] {
                     SpanCol::TraceId => col::TRACE_ID,
@@ -472,7 +510,9 @@ pub fn read_block<S: ChunkSource>(
             SpanCol::Flags => Arc::new(Int64Array::from(reader.ints(col::FLAGS, rows).map_err(s)?)),
             SpanCol::StartTime | SpanCol::EndTime | SpanCol::DurationNs => {
                 if starts.is_none() && columns.cols[p] != SpanCol::DurationNs {
-                    starts = Some(reader.ints(col::START, rows).map_err(s)?);
+                    let (st, du) = reader.times(rows).map_err(s)?;
+                    starts = Some(st);
+                    durations = Some(du);
                 }
                 if durations.is_none() && columns.cols[p] != SpanCol::StartTime {
                     durations = Some(reader.ints(col::DURATION, rows).map_err(s)?);

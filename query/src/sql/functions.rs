@@ -69,9 +69,14 @@ fn constant(name: &str, value: String) -> datafusion::logical_expr::ScalarUDF {
     )
 }
 
-pub fn register(ctx: &SessionContext, tenant: &TenantId) {
-    ctx.register_udf(constant("version", version_string()));
+/// The tenant's own functions (registered per query).
+pub fn register_tenant(ctx: &SessionContext, tenant: &TenantId) {
     ctx.register_udf(constant("current_database", database_name(tenant)));
+}
+
+/// The functions every session has (registered once, in the engine's template session).
+pub fn register(ctx: &SessionContext) {
+    ctx.register_udf(constant("version", version_string()));
     ctx.register_udf(constant("current_schema", "public".to_owned()));
     ctx.register_udf(constant("current_user", "weft".to_owned()));
     ctx.register_udf(constant("session_user", "weft".to_owned()));

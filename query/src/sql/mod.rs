@@ -9,16 +9,21 @@ pub mod functions;
 pub mod pg_catalog;
 pub mod pushdown;
 pub mod scan;
+pub mod shared;
 pub mod tables;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::catalog::{MemoryCatalogProvider, SchemaProvider, TableProvider};
+use datafusion::catalog::{
+    MemoryCatalogProvider, MemoryCatalogProviderList, SchemaProvider, TableProvider,
+};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
@@ -37,7 +42,8 @@ pub struct SqlConfig {
     /// Wall-clock limit of one query, results included.
     pub timeout: Duration,
     pub target_partitions: usize,
-    /// Use the store's indexes and time ranges (off only to check answers).
+    /// Use the store's indexes and time ranges, and compute repeated subplans once (off only
+    /// to check answers).
     pub pushdown: bool,
 }
 
@@ -174,15 +180,51 @@ pub struct QueryStream {
 pub struct SqlEngine {
     store: Arc<Store>,
     config: SqlConfig,
+    /// Configuration, built-in and PostgreSQL functions and optimizer rules, built once; each
+    /// query's session starts from it with its own catalog and memory pool.
+    template: Arc<SessionState>,
+    /// The same without Weft's own optimizer rule (for queries with push-down disabled, the
+    /// plain plans every optimisation is checked against).
+    plain: Arc<SessionState>,
 }
 
 impl SqlEngine {
     pub fn new(store: Arc<Store>, config: SqlConfig) -> Self {
-        Self { store, config }
+        let template = |share: bool| {
+            let mut session = SessionConfig::new()
+                .with_information_schema(true)
+                .with_create_default_catalog_and_schema(false)
+                .with_default_catalog_and_schema("weft", "public")
+                .with_target_partitions(config.target_partitions.max(1));
+            session.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
+            session.options_mut().sql_parser.collect_spans = true;
+            session.options_mut().execution.time_zone = Some("UTC".into());
+            let mut builder = SessionStateBuilder::new()
+                .with_config(session)
+                .with_default_features();
+            if share {
+                builder =
+                    builder.with_physical_optimizer_rule(Arc::new(shared::ShareRepeatedSubplans));
+            }
+            let ctx = SessionContext::new_with_state(builder.build());
+            functions::register(&ctx);
+            pg_catalog::register(&ctx);
+            Arc::new(ctx.state())
+        };
+        Self {
+            store,
+            template: template(true),
+            plain: template(false),
+            config,
+        }
     }
 
     pub fn config(&self) -> &SqlConfig {
         &self.config
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// A DataFusion session for one query of one tenant: its tables over one snapshot, the
@@ -197,15 +239,15 @@ impl SqlEngine {
             .with_memory_limit(self.config.memory_limit, 1.0)
             .build_arc()
             .map_err(df)?;
-        let mut config = SessionConfig::new()
-            .with_information_schema(true)
-            .with_create_default_catalog_and_schema(false)
-            .with_default_catalog_and_schema("weft", "public")
-            .with_target_partitions(self.config.target_partitions.max(1));
-        config.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
-        config.options_mut().sql_parser.collect_spans = true;
-        config.options_mut().execution.time_zone = Some("UTC".into());
-        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        // a copy of the template (no function is built or registered again) with a catalog
+        // of its own; the runtime (memory pool) is given to the query's task context
+        let mut state = if pushdown {
+            self.template.as_ref().clone()
+        } else {
+            self.plain.as_ref().clone()
+        };
+        state.register_catalog_list(Arc::new(MemoryCatalogProviderList::new()));
+        let ctx = SessionContext::new_with_state(state);
         let table_ctx = TableContext {
             store: self.store.clone(),
             tenant: tenant.clone(),
@@ -248,10 +290,10 @@ impl SqlEngine {
         datafusion::catalog::CatalogProvider::register_schema(&catalog, "pg_catalog", Arc::new(pg))
             .map_err(df)?;
         ctx.register_catalog("weft", Arc::new(catalog));
-        functions::register(&ctx, tenant);
-        pg_catalog::register(&ctx);
+        functions::register_tenant(&ctx, tenant);
         Ok(Session {
             ctx,
+            runtime,
             tables: described,
         })
     }
@@ -277,6 +319,8 @@ impl SqlEngine {
 /// One query's DataFusion session.
 pub struct Session {
     pub ctx: SessionContext,
+    /// The query's own runtime: its memory pool and spill files.
+    runtime: Arc<RuntimeEnv>,
     tables: pg_catalog::CatalogTables,
 }
 
@@ -307,9 +351,12 @@ impl Session {
             .await
             .map_err(|e| SqlError::from_datafusion(e, true))?;
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let stream = df
-            .execute_stream()
+        let task = Arc::new(df.task_ctx().with_runtime(self.runtime.clone()));
+        let physical = df
+            .create_physical_plan()
             .await
+            .map_err(|e| SqlError::from_datafusion(e, false))?;
+        let stream = datafusion::physical_plan::execute_stream(physical, task)
             .map_err(|e| SqlError::from_datafusion(e, false))?;
         Ok(QueryStream { schema, stream })
     }

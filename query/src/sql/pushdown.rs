@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, expr::InList};
 use roaring::RoaringBitmap;
@@ -103,6 +104,55 @@ impl Pushdown {
     pub fn supports(columns: &SpanColumns, e: &Expr) -> bool {
         let mut p = Pushdown::default();
         p.add(columns, e)
+    }
+
+    /// Whether the scan answers a filter exactly, so DataFusion need not re-check it (nor read
+    /// its column): `=` / `IN` on service name, span name and status code, whose postings hold
+    /// exactly the rows with each value, in blocks and head alike (see [`Self::row_matches`]).
+    pub fn exact(columns: &SpanColumns, e: &Expr) -> bool {
+        fn plain_column(e: &Expr) -> Option<&str> {
+            match e {
+                Expr::Column(c) => Some(c.name.as_str()),
+                // a cast between string types keeps equality
+                Expr::Cast(c)
+                    if matches!(
+                        c.field.data_type(),
+                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                    ) =>
+                {
+                    plain_column(&c.expr)
+                }
+                _ => None,
+            }
+        }
+        let exact_col = |c: &str| {
+            columns.index_of(c).is_some_and(|i| {
+                matches!(
+                    columns.cols[i],
+                    SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode
+                )
+            })
+        };
+        fn texts<'e>(mut values: impl Iterator<Item = &'e Expr>) -> bool {
+            values.all(|v| literal(v).and_then(text).is_some())
+        }
+        match e {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => match (plain_column(left), plain_column(right)) {
+                (Some(c), None) => exact_col(c) && texts(std::iter::once(right.as_ref())),
+                (None, Some(c)) => exact_col(c) && texts(std::iter::once(left.as_ref())),
+                _ => false,
+            },
+            Expr::InList(InList {
+                expr,
+                list,
+                negated: false,
+            }) => plain_column(expr).is_some_and(exact_col) && texts(list.iter()),
+            _ => false,
+        }
     }
 
     pub fn from_filters(columns: &SpanColumns, filters: &[Expr]) -> Self {
@@ -366,10 +416,10 @@ impl ScanPlan {
                     if selected.as_ref().is_some_and(RoaringBitmap::is_empty) {
                         break;
                     }
-                    let postings = store.dimension(tenant, *addr, dim).map_err(err)?;
+                    let postings = store.dimension_shared(tenant, *addr, dim).map_err(err)?;
                     let mut union = RoaringBitmap::new();
-                    for (t, rows) in postings {
-                        if terms.contains(&t) {
+                    for (t, rows) in postings.iter() {
+                        if terms.contains(t) {
                             union |= rows;
                         }
                     }
@@ -385,14 +435,9 @@ impl ScanPlan {
                     plan.blocks_pruned_by_index += 1;
                     continue;
                 }
-                // postings selecting most of a block: reading it whole is cheaper than a
-                // fragmented selection (DataFusion applies the filter either way)
-                Some(s)
-                    if s.len() == u64::from(meta.rows)
-                        || (p.trace_ids.is_none() && s.len() * 2 > u64::from(meta.rows)) =>
-                {
-                    Rows::All
-                }
+                // a set of most of the block stays a set: the reader decodes such a set whole
+                // and filters it, and the rows must be exact (see `Pushdown::exact`)
+                Some(s) if s.len() == u64::from(meta.rows) => Rows::All,
                 Some(s) => {
                     let (lo, hi) = (s.min().unwrap_or(0), s.max().unwrap_or(0));
                     if u64::from(hi - lo + 1) == s.len() {

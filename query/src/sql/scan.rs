@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, TimestampNanosecondArray};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Column, ScalarValue};
+use datafusion::common::{Column, ScalarValue, Statistics};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -49,6 +50,9 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     fn head_rows(&self) -> usize;
     /// Extra text for EXPLAIN (the pushed filters).
     fn describe(&self) -> String;
+    /// Everything that decides what the scan reads (beyond table and projection), complete:
+    /// two scans of one query with equal keys return the same rows.
+    fn share_key(&self) -> String;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +113,45 @@ impl WeftScanExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// What decides this scan's output: equal keys within one query mean equal rows (parent
+    /// filters are left out: they only skip blocks, and shared scans drop them).
+    pub fn share_key(&self) -> String {
+        format!(
+            "WeftScan table={} projection={:?} limit={:?} {}",
+            self.source.table(),
+            self.projection,
+            self.limit,
+            self.source.share_key()
+        )
+    }
+
+    /// The same scan without the filters parent operators pushed (for a scan whose output
+    /// several consumers share, so that no one consumer's filter decides what all see).
+    pub fn without_parent_filters(&self) -> Self {
+        let mut s = self.clone();
+        s.parent_filters.clear();
+        s.metrics = ExecutionPlanMetricsSet::new();
+        s
+    }
+
+    /// Rows a partition (or the whole scan) will read: postings and the trace-id index make
+    /// this exact for the filters they answer, and an upper bound for the others.
+    fn rows_of(&self, partition: Option<usize>) -> usize {
+        let rows = |w: &Work| match w {
+            Work::Head => self.source.head_rows(),
+            Work::Block(i) => self.plan.blocks[*i]
+                .rows
+                .len(self.plan.blocks[*i].meta.rows),
+        };
+        match partition {
+            Some(p) => self
+                .partitions
+                .get(p)
+                .map_or(0, |ws| ws.iter().map(rows).sum()),
+            None => self.partitions.iter().flatten().map(rows).sum(),
+        }
     }
 
     /// Whether a block may hold rows passing the parent filters, judged on its time range.
@@ -282,6 +325,14 @@ impl ExecutionPlan for WeftScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema);
+        // an upper bound (filters DataFusion re-checks may drop rows): lets the planner put
+        // the small side of a join on the build side and collect it once
+        stats.num_rows = Precision::Inexact(self.rows_of(partition));
+        Ok(Arc::new(stats))
     }
 
     fn execute(

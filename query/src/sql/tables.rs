@@ -175,6 +175,9 @@ impl ScanSource for SpansSource {
             "push-down disabled".into()
         }
     }
+    fn share_key(&self) -> String {
+        format!("pushdown={} {:?}", self.ctx.pushdown, self.pushdown)
+    }
 }
 
 #[async_trait]
@@ -192,7 +195,9 @@ impl TableProvider for SpansTable {
         Ok(filters
             .iter()
             .map(|f| {
-                if self.ctx.pushdown && Pushdown::supports(&self.columns, f) {
+                if self.ctx.pushdown && Pushdown::exact(&self.columns, f) {
+                    TableProviderFilterPushDown::Exact
+                } else if self.ctx.pushdown && Pushdown::supports(&self.columns, f) {
                     TableProviderFilterPushDown::Inexact
                 } else {
                     TableProviderFilterPushDown::Unsupported
@@ -451,6 +456,9 @@ impl ScanSource for NestedSource {
         } else {
             "push-down disabled".into()
         }
+    }
+    fn share_key(&self) -> String {
+        format!("pushdown={} {:?}", self.ctx.pushdown, self.pushdown)
     }
 }
 

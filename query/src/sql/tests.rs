@@ -260,6 +260,18 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT attributes['http.route'], count(*) FROM spans WHERE service_name = 'llm-gateway' GROUP BY 1".into(),
         "SELECT \"http.status_code\", tenant, count(*) FROM spans WHERE \"http.status_code\" IS NOT NULL GROUP BY 1, 2".into(),
         "SELECT resource_attributes['host.name'], count(*) FROM spans GROUP BY 1".into(),
+        // exact filters (answered by postings alone) on most of a block and on a few rows
+        "SELECT count(*), sum(duration_ns) FROM spans WHERE name = 'llm.decode.token'".into(),
+        "SELECT name, status_code, count(*) FROM spans WHERE name IN ('POST /v1/chat/completions', 'llm.generate') AND status_code IN ('OK', 'ERROR') GROUP BY 1, 2".into(),
+        "SELECT span_id FROM spans WHERE service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 3".into(),
+        "SELECT count(*) FROM spans WHERE name = 'no-such-span'".into(),
+        // a common table expression used several times: computed once when optimised
+        "WITH g AS (SELECT trace_id, \"llm.model_version\" AS v FROM spans WHERE name = 'llm.generate'), \
+         d AS (SELECT trace_id, duration_ns FROM spans WHERE name = 'llm.decode.token'), \
+         u AS (SELECT 'v' AS dim, g.v AS value, d.duration_ns > 20000000 AS slow FROM g JOIN d ON g.trace_id = d.trace_id \
+               UNION ALL SELECT 'n' AS dim, 'all' AS value, d.duration_ns > 20000000 AS slow FROM g JOIN d ON g.trace_id = d.trace_id), \
+         c AS (SELECT dim, value, sum(CASE WHEN slow THEN 1 ELSE 0 END) AS slow_n, count(*) AS n FROM u GROUP BY 1, 2) \
+         SELECT c.dim, c.value, c.slow_n, c.n, t.total FROM c JOIN (SELECT dim, sum(n) AS total FROM c GROUP BY dim) t ON c.dim = t.dim".into(),
     ];
     block_on(async {
         for q in &queries {
@@ -397,6 +409,102 @@ fn explain_shows_what_was_pushed() {
             .collect::<Vec<_>>()
             .join("\n");
         assert!(text.contains("projection=[name]"), "{text}");
+    });
+}
+
+#[test]
+fn repeated_subplans_are_computed_once() {
+    let f = fixture();
+    let q = "WITH c AS (SELECT name, count(*) AS n FROM spans WHERE service_name = 'inference-engine' GROUP BY name) \
+             SELECT a.name, a.n, b.n FROM c a JOIN c b ON a.name = b.name ORDER BY 1";
+    block_on(async {
+        let text = |rows: Vec<Vec<String>>| {
+            rows.iter()
+                .map(|r| r.join(" "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let plan = text(rows(&f, &format!("EXPLAIN {q}"), true).await.unwrap());
+        assert!(
+            plan.contains("SharedExec: id=1, consumers=2"),
+            "the CTE should be shared by its two uses:\n{plan}"
+        );
+        let plain = text(rows(&f, &format!("EXPLAIN {q}"), false).await.unwrap());
+        assert!(!plain.contains("SharedExec"), "{plain}");
+        // the shared copy reads the blocks once: one scan reports blocks read, the other none
+        let analyzed = text(
+            rows(&f, &format!("EXPLAIN ANALYZE {q}"), true)
+                .await
+                .unwrap(),
+        );
+        let reads: Vec<&str> = analyzed
+            .split("blocks_read=")
+            .skip(1)
+            .map(|s| s.split([',', ']']).next().unwrap_or_default())
+            .collect();
+        assert_eq!(reads.len(), 1, "one scan should run:\n{analyzed}");
+        let with = rows(&f, q, true).await.unwrap();
+        assert_eq!(with, rows(&f, q, false).await.unwrap());
+        assert!(with.iter().all(|r| r[1] == r[2]), "{with:?}");
+        // a volatile function is never shared
+        let random = text(
+            rows(
+                &f,
+                "EXPLAIN WITH r AS (SELECT random() AS x, name FROM spans) SELECT * FROM r a JOIN r b ON a.name = b.name",
+                true,
+            )
+            .await
+            .unwrap(),
+        );
+        assert_eq!(random.matches("random() as x").count(), 2, "{random}");
+        let lines: Vec<&str> = random.lines().collect();
+        for pair in lines.windows(2) {
+            assert!(
+                !(pair[0].contains("SharedExec") && pair[1].contains("random()")),
+                "{random}"
+            );
+        }
+    });
+}
+
+#[test]
+fn shared_subplans_that_do_not_fit_run_per_consumer() {
+    let f = fixture();
+    // enough memory for the query, not for keeping the shared scan's batches
+    let engine = SqlEngine::new(
+        f.engine.store().clone(),
+        SqlConfig {
+            memory_limit: 64 << 10,
+            target_partitions: 2,
+            ..Default::default()
+        },
+    );
+    let q = "WITH d AS (SELECT trace_id, span_id FROM spans) \
+             SELECT (SELECT count(*) FROM d WHERE trace_id <> span_id) AS a, (SELECT count(*) FROM d WHERE span_id > trace_id) AS b";
+    block_on(async {
+        let run = |pushdown| {
+            let engine = engine.clone();
+            let tenant = f.tenant.clone();
+            async move {
+                let out = engine.query_with(&tenant, q, pushdown).await.unwrap();
+                let batches: Vec<_> = out.stream.try_collect().await.unwrap();
+                arrow::util::pretty::pretty_format_batches(&batches)
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        assert_eq!(run(true).await, run(false).await);
+        // both uses ran their own copy: two scans report blocks read
+        let analyzed = engine
+            .query(&f.tenant, &format!("EXPLAIN ANALYZE {q}"))
+            .await
+            .unwrap();
+        let batches: Vec<_> = analyzed.stream.try_collect().await.unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("SharedExec"), "{text}");
+        assert_eq!(text.matches("blocks_read=").count(), 2, "{text}");
     });
 }
 

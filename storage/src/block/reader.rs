@@ -86,11 +86,46 @@ pub trait ChunkSource {
     }
     /// Offers a chunk's parsed footer for keeping.
     fn remember(&self, _column: &str, _metadata: &ArrowReaderMetadata) {}
+    /// The block's trace runs (from its trace summaries), if the source has them: start times
+    /// are rebuilt and trace ids read from them instead of from the trace-id chunk.
+    fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
+        Ok(None)
+    }
+}
+
+/// The runs of rows of one trace in a block (rows are sorted by trace): the first row of each
+/// run, ascending, and its trace id.
+#[derive(Debug, Default)]
+pub struct TraceRuns {
+    pub starts: Vec<u32>,
+    pub ids: Vec<TraceId>,
+}
+
+impl TraceRuns {
+    pub fn new(mut runs: Vec<(u32, TraceId)>) -> Self {
+        runs.sort_unstable_by_key(|r| r.0);
+        let (starts, ids) = runs.into_iter().unzip();
+        Self { starts, ids }
+    }
+
+    /// The run index of each of the given rows (ascending).
+    pub fn runs_of(&self, rows: impl Iterator<Item = u32>) -> Vec<u32> {
+        let mut run = 0usize;
+        rows.map(|row| {
+            while run + 1 < self.starts.len() && self.starts[run + 1] <= row {
+                run += 1;
+            }
+            run as u32
+        })
+        .collect()
+    }
 }
 
 pub struct BlockReader<'a, S: ChunkSource> {
     pub meta: &'a BlockMeta,
     source: S,
+    /// The filter of the first dense row set read (a reader mostly reads one row set).
+    mask: std::sync::OnceLock<(RoaringBitmap, BooleanArray)>,
 }
 
 fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
@@ -104,7 +139,11 @@ fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
 
 impl<'a, S: ChunkSource> BlockReader<'a, S> {
     pub fn new(meta: &'a BlockMeta, source: S) -> Self {
-        Self { meta, source }
+        Self {
+            meta,
+            source,
+            mask: std::sync::OnceLock::new(),
+        }
     }
 
     /// Decodes one column for the given rows; `None` when the block has no such column.
@@ -117,9 +156,26 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         })?;
         let cached = self.source.metadata(name);
         let known = cached.is_some();
-        let (array, metadata) = decode_chunk_with(bytes, rows.selection(self.meta.rows), cached)?;
+        // A set of most of the block: decoding it whole and filtering beats a selection of
+        // thousands of short runs.
+        let dense = match rows {
+            Rows::Set(set) => set.len() * 2 > u64::from(self.meta.rows),
+            _ => false,
+        };
+        let selection = if dense {
+            None
+        } else {
+            rows.selection(self.meta.rows)
+        };
+        let (mut array, metadata) = decode_chunk_with(bytes, selection, cached)?;
         if !known {
             self.source.remember(name, &metadata);
+        }
+        if let (true, Rows::Set(set)) = (dense, rows) {
+            let mask = self.mask_of(set);
+            if mask.len() == array.len() {
+                array = arrow::compute::filter(&array, &mask)?;
+            }
         }
         if array.len() != rows.len(self.meta.rows) {
             return Err(StorageError::corrupt(
@@ -130,9 +186,36 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(array))
     }
 
+    /// A filter keeping the rows of a dense set, built once per reader for its first set.
+    fn mask_of(&self, set: &RoaringBitmap) -> BooleanArray {
+        let build = || {
+            // mostly true: start from all rows and clear the few left out
+            let total = self.meta.rows;
+            let mut left_out = RoaringBitmap::new();
+            left_out.insert_range(0..total);
+            left_out -= set;
+            let mut keep = vec![true; total as usize];
+            for r in &left_out {
+                keep[r as usize] = false;
+            }
+            (set.clone(), BooleanArray::from(keep))
+        };
+        let cached = self.mask.get_or_init(build);
+        if &cached.0 == set {
+            cached.1.clone()
+        } else {
+            build().1
+        }
+    }
+
     fn required(&self, name: &str, rows: &Rows) -> Result<ArrayRef> {
         self.column(name, rows)?
             .ok_or_else(|| StorageError::corrupt("block", format!("core column {name} missing")))
+    }
+
+    /// The block's trace runs, when the source has its summaries.
+    pub fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
+        self.source.trace_runs()
     }
 
     /// Trace ids of the given rows.
@@ -160,7 +243,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             .column(name)
             .is_some_and(|c| c.transform == Transform::GapAfterPreviousEnd);
         if gaps {
-            return self.starts(rows);
+            return Ok(self.times(rows)?.0);
         }
         self.raw_ints(name, rows)
     }
@@ -170,68 +253,120 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(downcast::<Int64Array>(&a, name)?.values().to_vec())
     }
 
-    /// Absolute start times from gap-encoded ones (see [`Transform::GapAfterPreviousEnd`]): a
-    /// range is widened back to its page's first row, which holds an absolute time.
-    fn starts(&self, rows: &Rows) -> Result<Vec<i64>> {
-        match rows {
-            Rows::All => self.rebuild_starts(&Rows::All),
+    /// Absolute start times and durations of the given rows, each chunk decoded once. Start
+    /// times are stored as gaps (see [`Transform::GapAfterPreviousEnd`]); every page and every
+    /// trace run begins with an absolute time, so the rows are widened to whole pages (or the
+    /// whole block when those pages are most of it), rebuilt, and the asked rows picked out.
+    pub fn times(&self, rows: &Rows) -> Result<(Vec<i64>, Vec<i64>)> {
+        let gap_encoded = self
+            .meta
+            .column(col::START)
+            .is_some_and(|c| c.transform == Transform::GapAfterPreviousEnd);
+        if !gap_encoded {
+            return Ok((
+                self.raw_ints(col::START, rows)?,
+                self.raw_ints(col::DURATION, rows)?,
+            ));
+        }
+        let page = PAGE_ROWS as u32;
+        let total = self.meta.rows;
+        let widened = match rows {
+            Rows::All => Rows::All,
             Rows::Range(start, len) => {
-                let back = start % PAGE_ROWS as u32;
-                let all = self.rebuild_starts(&Rows::Range(start - back, len + back))?;
-                Ok(all[back as usize..].to_vec())
+                let back = start % page;
+                Rows::Range(start - back, len + back)
             }
             Rows::Set(set) => {
-                // Rebuild only the pages holding selected rows (each page starts absolute),
-                // unless they are most of the block.
-                let page = PAGE_ROWS as u32;
                 let mut pages: Vec<u32> = set.iter().map(|r| r / page).collect();
                 pages.dedup();
-                let total_pages = self.meta.rows.div_ceil(page).max(1);
-                if pages.len() as u32 * 2 > total_pages {
-                    let all = self.rebuild_starts(&Rows::All)?;
-                    return Ok(set
-                        .iter()
-                        .filter_map(|r| all.get(r as usize).copied())
-                        .collect());
-                }
-                let mut out = Vec::with_capacity(set.len() as usize);
-                let mut rows = set.iter().peekable();
-                for p in pages {
-                    let first = p * page;
-                    let len = page.min(self.meta.rows.saturating_sub(first));
-                    let starts = self.rebuild_starts(&Rows::Range(first, len))?;
-                    while let Some(&r) = rows.peek() {
-                        if r / page != p {
-                            break;
-                        }
-                        out.extend(starts.get((r - first) as usize).copied());
-                        rows.next();
+                if pages.len() as u32 * 2 > total.div_ceil(page).max(1) {
+                    Rows::All
+                } else {
+                    let mut whole = RoaringBitmap::new();
+                    for p in pages {
+                        whole.insert_range(p * page..((p + 1) * page).min(total));
                     }
+                    Rows::Set(whole)
                 }
-                Ok(out)
             }
-        }
-    }
-
-    /// `rows` must begin on a page boundary.
-    fn rebuild_starts(&self, rows: &Rows) -> Result<Vec<i64>> {
-        let gaps = self.raw_ints(col::START, rows)?;
-        let durations = self.raw_ints(col::DURATION, rows)?;
-        let traces = self.trace_ids(rows)?;
-        let first = match rows {
-            Rows::Range(start, _) => *start as usize,
-            _ => 0,
         };
-        let mut out = Vec::with_capacity(gaps.len());
-        for i in 0..gaps.len() {
-            let absolute =
-                (first + i).is_multiple_of(PAGE_ROWS) || i == 0 || traces[i] != traces[i - 1];
-            let start = if absolute {
-                gaps[i]
+        let gaps = self.required(col::START, &widened)?;
+        let gaps = downcast::<Int64Array>(&gaps, col::START)?.values();
+        let durations = self.required(col::DURATION, &widened)?;
+        let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
+        let row_numbers: Box<dyn Iterator<Item = u32>> = match &widened {
+            Rows::All => Box::new(0..total),
+            Rows::Range(start, len) => Box::new(*start..start + len),
+            Rows::Set(set) => Box::new(set.iter()),
+        };
+        let trace_ids;
+        let mut run_start: Box<dyn FnMut(usize, u32) -> bool> = match self.source.trace_runs()? {
+            // trace runs from the block's summaries: no trace id is decoded
+            Some(runs) => {
+                let mut next = 0usize;
+                Box::new(move |_, row| {
+                    let starts = &runs.starts;
+                    while next < starts.len() && starts[next] < row {
+                        next += 1;
+                    }
+                    next < starts.len() && starts[next] == row
+                })
+            }
+            None => {
+                trace_ids = self.required(col::TRACE_ID, &widened)?;
+                let ids = downcast::<FixedSizeBinaryArray>(&trace_ids, col::TRACE_ID)?;
+                Box::new(move |i, _| i == 0 || ids.value(i) != ids.value(i - 1))
+            }
+        };
+        let mut starts = Vec::with_capacity(gaps.len());
+        let mut prev_end = 0i64;
+        for ((i, row), (&gap, &duration)) in row_numbers
+            .enumerate()
+            .zip(gaps.iter().zip(durations.iter()))
+        {
+            let start = if i == 0 || row % page == 0 || run_start(i, row) {
+                gap
             } else {
-                out[i - 1] + durations[i - 1] + gaps[i]
+                prev_end + gap
             };
-            out.push(start);
+            prev_end = start + duration;
+            starts.push(start);
+        }
+        drop(run_start);
+        let wanted = match (rows, &widened) {
+            (Rows::All, _) => return Ok((starts, durations.to_vec())),
+            (Rows::Range(start, len), Rows::Range(from, _)) => {
+                let at = (start - from) as usize;
+                let range = at..at + *len as usize;
+                return Ok((starts[range.clone()].to_vec(), durations[range].to_vec()));
+            }
+            (Rows::Set(set), Rows::All) => {
+                let mask = self.mask_of(set);
+                let pick = |v: Int64Array| -> Result<Vec<i64>> {
+                    let kept = arrow::compute::filter(&v, &mask)?;
+                    Ok(downcast::<Int64Array>(&kept, col::START)?.values().to_vec())
+                };
+                return Ok((
+                    pick(Int64Array::from(starts))?,
+                    pick(Int64Array::new(durations.clone(), None))?,
+                ));
+            }
+            (Rows::Set(set), Rows::Set(whole)) => (set, whole),
+            _ => unreachable!("rows are widened to the same kind"),
+        };
+        // positions of the asked rows among the widened ones (a subset, both ascending)
+        let (set, whole) = wanted;
+        let mut out = (
+            Vec::with_capacity(set.len() as usize),
+            Vec::with_capacity(set.len() as usize),
+        );
+        let mut asked = set.iter().peekable();
+        for (i, row) in whole.iter().enumerate() {
+            if asked.peek() == Some(&row) {
+                out.0.push(starts[i]);
+                out.1.push(durations[i]);
+                asked.next();
+            }
         }
         Ok(out)
     }

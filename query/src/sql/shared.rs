@@ -1,0 +1,371 @@
+//! Computing a repeated subplan once.
+//!
+//! DataFusion inlines every reference to a common table expression, so a query that uses a CTE
+//! twice (or five times, as a `UNION ALL` over dimensions does) plans, reads and aggregates it
+//! that many times. [`ShareRepeatedSubplans`] runs after DataFusion's own physical optimizer,
+//! finds subtrees that occur more than once (same operators, same expressions, scans of the
+//! same snapshot with the same push-down) and replaces every occurrence with a [`SharedExec`]:
+//! the first consumer to ask for a partition runs one copy and keeps its batches, every other
+//! consumer reads those batches.
+//!
+//! Only subtrees whose leaves are all Weft scans are shared (two scans with equal keys read
+//! the same rows of the query's one snapshot), never ones that evaluate volatile functions.
+//! The kept batches are counted against the query's memory pool; when they would not fit, each
+//! consumer runs its own copy, as without sharing. Scans inside a shared subtree drop the
+//! filters parent operators pushed into them (a TopK's or a join's dynamic filter), which only
+//! skip blocks: one consumer's filter must not decide what the others see.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, RecordBatch};
+use datafusion::common::Statistics;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    SendableRecordBatchStream, StatisticsArgs, displayable,
+};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
+
+use super::scan::WeftScanExec;
+
+/// Function names whose value changes from call to call: subtrees using them are not shared.
+const VOLATILE: &[&str] = &["random(", "uuid("];
+
+/// The physical optimizer rule; see the module documentation.
+#[derive(Debug, Default)]
+pub struct ShareRepeatedSubplans;
+
+impl PhysicalOptimizerRule for ShareRepeatedSubplans {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut keys = HashMap::new();
+        let mut counts = HashMap::new();
+        fingerprint(&plan, &mut keys, &mut counts);
+        if !counts.values().any(|&n| n > 1) {
+            return Ok(plan);
+        }
+        let mut states = HashMap::new();
+        share(plan, &keys, &counts, 1, &mut states)
+    }
+
+    fn name(&self) -> &str {
+        "share_repeated_subplans"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+fn node_id(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    Arc::as_ptr(plan) as *const () as usize
+}
+
+/// A subtree's key, when it may be shared: the operators' own descriptions, nested as the
+/// tree is. Every subtree is counted, including those under a node that is not shareable.
+fn fingerprint(
+    plan: &Arc<dyn ExecutionPlan>,
+    keys: &mut HashMap<usize, String>,
+    counts: &mut HashMap<String, usize>,
+) -> Option<String> {
+    let children: Vec<Option<String>> = plan
+        .children()
+        .into_iter()
+        .map(|c| fingerprint(c, keys, counts))
+        .collect();
+    let mut key = if let Some(scan) = plan.downcast_ref::<WeftScanExec>() {
+        scan.share_key()
+    } else {
+        if children.is_empty() || plan.is::<SharedExec>() {
+            return None; // a leaf other than a Weft scan: its data is not identified
+        }
+        let own = displayable(plan.as_ref()).one_line().to_string();
+        if VOLATILE.iter().any(|v| own.contains(v)) {
+            return None;
+        }
+        own
+    };
+    for child in children {
+        key.push('(');
+        key.push_str(&child?);
+        key.push(')');
+    }
+    *counts.entry(key.clone()).or_default() += 1;
+    keys.insert(node_id(plan), key.clone());
+    Some(key)
+}
+
+/// Replaces repeated subtrees with consumers of one shared copy. The first occurrence is
+/// rewritten (its own repeated parts shared in turn, when they repeat more often than it
+/// does) and runs; later occurrences keep their original subtree, run only as a fallback.
+fn share(
+    plan: Arc<dyn ExecutionPlan>,
+    keys: &HashMap<usize, String>,
+    counts: &HashMap<String, usize>,
+    min_count: usize,
+    states: &mut HashMap<String, Arc<SharedState>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let key = keys
+        .get(&node_id(&plan))
+        .filter(|k| counts.get(*k).is_some_and(|&n| n > min_count.max(1)))
+        .cloned();
+    if let Some(state) = key.as_ref().and_then(|k| states.get(k)) {
+        state.consumers.fetch_add(1, Ordering::Relaxed);
+        return Ok(Arc::new(SharedExec::new(plan, state.clone())));
+    }
+    let inner_min = key.as_ref().map_or(min_count, |k| counts[k]);
+    let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+    let mut changed = false;
+    let mut new_children = Vec::with_capacity(children.len());
+    for child in children {
+        let shared = share(child.clone(), keys, counts, inner_min, states)?;
+        changed |= !Arc::ptr_eq(&shared, &child);
+        new_children.push(shared);
+    }
+    let node = if changed {
+        plan.replace_children(
+            new_children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )?
+    } else {
+        plan
+    };
+    let Some(key) = key else {
+        return Ok(node);
+    };
+    let node = without_parent_filters(node)?;
+    let state = Arc::new(SharedState::new(node.clone(), states.len() + 1));
+    states.insert(key, state.clone());
+    Ok(Arc::new(SharedExec::new(node, state)))
+}
+
+/// The subtree with every Weft scan's parent filters dropped.
+fn without_parent_filters(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
+            let stripped: Arc<dyn ExecutionPlan> = Arc::new(scan.without_parent_filters());
+            return Ok(Transformed::yes(stripped));
+        }
+        Ok(Transformed::no(node))
+    })
+    .map(|t| t.data)
+}
+
+/// What running the shared copy of one partition gave.
+enum Outcome {
+    /// The batches, until every consumer has taken them.
+    Kept {
+        batches: Mutex<Option<Vec<RecordBatch>>>,
+        /// Consumers that have not read the partition yet.
+        waiting: AtomicUsize,
+        reservation: Mutex<Option<MemoryReservation>>,
+    },
+    /// The batches would not fit in the query's memory: consumers run their own copies.
+    TooLarge,
+}
+
+impl Outcome {
+    /// One consumer's read: the batches, dropped (and their memory released) after the last
+    /// consumer's read; `None` when they are gone or were never kept.
+    fn take(&self) -> Option<Vec<RecordBatch>> {
+        let Outcome::Kept {
+            batches,
+            waiting,
+            reservation,
+        } = self
+        else {
+            return None;
+        };
+        let mut kept = batches.lock().unwrap_or_else(|e| e.into_inner());
+        let out = kept.clone();
+        if waiting.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            *kept = None;
+            reservation.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+        out
+    }
+}
+
+type Cell = OnceCell<std::result::Result<Arc<Outcome>, Arc<DataFusionError>>>;
+
+struct SharedState {
+    id: usize,
+    consumers: AtomicUsize,
+    /// The copy that runs.
+    plan: Arc<dyn ExecutionPlan>,
+    partitions: Vec<Cell>,
+}
+
+impl SharedState {
+    fn new(plan: Arc<dyn ExecutionPlan>, id: usize) -> Self {
+        let n = plan.properties().partitioning.partition_count();
+        Self {
+            id,
+            consumers: AtomicUsize::new(1),
+            plan,
+            partitions: (0..n).map(|_| OnceCell::new()).collect(),
+        }
+    }
+
+    async fn run(&self, partition: usize, context: Arc<TaskContext>) -> Result<Outcome> {
+        let mut stream = self.plan.execute(partition, context.clone())?;
+        let reservation =
+            MemoryConsumer::new(format!("SharedExec[{}]", self.id)).register(context.memory_pool());
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            // the batch's own share of its buffers (scans hand out slices of larger arrays)
+            let bytes: usize = batch
+                .columns()
+                .iter()
+                .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+                .sum();
+            if reservation.try_grow(bytes).is_err() {
+                return Ok(Outcome::TooLarge);
+            }
+            batches.push(batch);
+        }
+        Ok(Outcome::Kept {
+            batches: Mutex::new(Some(batches)),
+            waiting: AtomicUsize::new(self.consumers.load(Ordering::Relaxed)),
+            reservation: Mutex::new(Some(reservation)),
+        })
+    }
+}
+
+/// One consumer of a shared subtree. Its child is its own copy of the subtree (shown by
+/// EXPLAIN, run only when the shared batches would not fit in memory).
+pub struct SharedExec {
+    input: Arc<dyn ExecutionPlan>,
+    state: Arc<SharedState>,
+}
+
+impl SharedExec {
+    fn new(input: Arc<dyn ExecutionPlan>, state: Arc<SharedState>) -> Self {
+        Self { input, state }
+    }
+}
+
+impl fmt::Debug for SharedExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SharedExec({})", self.state.id)
+    }
+}
+
+impl DisplayAs for SharedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SharedExec: id={}, consumers={} (computed once)",
+            self.state.id,
+            self.state.consumers.load(Ordering::Relaxed)
+        )
+    }
+}
+
+impl ExecutionPlan for SharedExec {
+    fn name(&self) -> &str {
+        "SharedExec"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => {
+                Ok(Arc::new(Self::new(input, self.state.clone())))
+            }
+            _ => Err(DataFusionError::Internal(
+                "SharedExec takes exactly one child".into(),
+            )),
+        }
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(input_stats
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Statistics::new_unknown(&self.schema()))))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let state = self.state.clone();
+        let own = self.input.clone();
+        let schema = self.input.schema();
+        if partition >= state.partitions.len() {
+            return Err(DataFusionError::Internal(format!(
+                "SharedExec: no partition {partition}"
+            )));
+        }
+        let stream = futures::stream::once(async move {
+            let outcome = state.partitions[partition]
+                .get_or_init(|| async {
+                    state
+                        .run(partition, context.clone())
+                        .await
+                        .map(Arc::new)
+                        .map_err(Arc::new)
+                })
+                .await
+                .clone()
+                .map_err(DataFusionError::Shared)?;
+            let batches: SendableRecordBatchStream = match outcome.take() {
+                Some(batches) => Box::pin(RecordBatchStreamAdapter::new(
+                    own.schema(),
+                    futures::stream::iter(batches.into_iter().map(Ok)),
+                )),
+                None => own.execute(partition, context)?,
+            };
+            Ok::<_, DataFusionError>(batches)
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
