@@ -413,6 +413,20 @@ fn explain_shows_what_was_pushed() {
 }
 
 #[test]
+fn limits_hold_over_exact_filters() {
+    let f = fixture();
+    block_on(async {
+        for q in [
+            "SELECT span_id FROM spans WHERE name = 'llm.decode.token' LIMIT 3",
+            "SELECT span_id FROM spans WHERE service_name IN ('inference-engine', 'llm-gateway') LIMIT 5",
+        ] {
+            let n = q.rsplit(' ').next().unwrap().parse::<usize>().unwrap();
+            assert_eq!(rows(&f, q, true).await.unwrap().len(), n, "{q}");
+        }
+    });
+}
+
+#[test]
 fn repeated_subplans_are_computed_once() {
     let f = fixture();
     let q = "WITH c AS (SELECT name, count(*) AS n FROM spans WHERE service_name = 'inference-engine' GROUP BY name) \
