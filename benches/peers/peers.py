@@ -98,7 +98,11 @@ def main():
     parquet, spec, runs, workdir = os.path.abspath(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
     queries = json.load(open(spec))
     result = {}
-    for engine, make in (("duckdb", duckdb_engine), ("chdb", chdb_engine)):
+    engines = [("duckdb", duckdb_engine), ("chdb", chdb_engine)]
+    only = os.environ.get("WEFT_PEERS_ENGINES")  # e.g. "duckdb": run only these
+    if only:
+        engines = [(e, m) for e, m in engines if e in only.split(",")]
+    for engine, make in engines:
         os.makedirs(os.path.join(workdir, engine), exist_ok=True)
         rows, size, run = make(parquet, os.path.join(workdir, engine))
         out = {"rows": rows, "bytes": size, "bytes_per_span": size / rows, "queries": {}}
@@ -106,6 +110,7 @@ def main():
             try:
                 ms, got = timed(lambda: run(q[engine]), runs)
                 out["queries"][q["id"]] = {"ms": ms, "rows": got}
+                print(f"{engine} {q['id']}: {ms:.2f} ms, {len(got)} rows", file=sys.stderr, flush=True)
             except Exception as e:  # report, do not hide: the comparison shows it
                 out["queries"][q["id"]] = {"ms": None, "rows": [], "error": str(e)}
                 print(f"{engine} {q['id']}: {e}", file=sys.stderr)
