@@ -174,6 +174,18 @@ impl WeftScanExec {
     }
 }
 
+/// A copy of a column that holds much more memory than its rows use (a few rows decoded
+/// from pages whose buffers come along), so that operators keeping batches (a join's build
+/// side, a shared subplan) are charged for the rows, not the pages.
+fn compact(array: ArrayRef) -> Result<ArrayRef> {
+    let used = array.to_data().get_slice_memory_size()?;
+    if array.get_array_memory_size() <= 2 * used + 64 * 1024 {
+        return Ok(array);
+    }
+    let all = arrow::array::UInt32Array::from_iter_values(0..array.len() as u32);
+    Ok(arrow::compute::take(array.as_ref(), &all, None)?)
+}
+
 /// A block's time range as pruning statistics (one container).
 struct BlockStats<'a>(&'a BlockWork);
 
@@ -388,6 +400,7 @@ impl ExecutionPlan for WeftScanExec {
                     }
                     for (rows, cols) in columns {
                         rows_read.add(rows);
+                        let cols = cols.into_iter().map(compact).collect::<Result<Vec<_>>>()?;
                         let batch = RecordBatch::try_new_with_options(
                             this.schema.clone(),
                             cols,
