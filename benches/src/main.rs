@@ -657,6 +657,17 @@ async fn peers(
     let weft_results =
         weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
     terminate(&mut server)?;
+    // Weft's figures first: the peers can take long on large data
+    for q in &queries {
+        let r = &weft_results[q.id];
+        println!(
+            "weft {:<4} {:>6} rows  http {:>9.2} ms  pg {:>9.2} ms",
+            q.id,
+            r.rows.len(),
+            r.http_ms,
+            r.pg_ms
+        );
+    }
     println!("loading duckdb and chdb and running the same queries...");
     let work = temp.path().join("peers");
     std::fs::create_dir_all(&work)?;
