@@ -230,20 +230,7 @@ fn main() -> anyhow::Result<()> {
                 .filter(|q| only.is_empty() || only.iter().any(|o| o == q.id))
                 .collect();
             let results = rt.block_on(weft_bench::peers::run_weft(&target, &pg, &queries, runs))?;
-            for q in &queries {
-                let r = &results[q.id];
-                println!(
-                    "{:<4} {:>6} rows  http {:>9.2} ms  pg {:>9.2} ms  {}",
-                    q.id,
-                    r.rows.len(),
-                    r.http_ms,
-                    r.pg_ms,
-                    q.what
-                );
-                if print {
-                    println!("     {}", q.weft);
-                }
-            }
+            weft_bench::peers::print_weft(&queries, &results, print);
             Ok(())
         }
         Cmd::Lookup {
@@ -658,16 +645,7 @@ async fn peers(
         weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
     terminate(&mut server)?;
     // Weft's figures first: the peers can take long on large data
-    for q in &queries {
-        let r = &weft_results[q.id];
-        println!(
-            "weft {:<4} {:>6} rows  http {:>9.2} ms  pg {:>9.2} ms",
-            q.id,
-            r.rows.len(),
-            r.http_ms,
-            r.pg_ms
-        );
-    }
+    weft_bench::peers::print_weft(&queries, &weft_results, false);
     println!("loading duckdb and chdb and running the same queries...");
     let work = temp.path().join("peers");
     std::fs::create_dir_all(&work)?;

@@ -370,6 +370,24 @@ pub async fn run_weft(
     Ok(out)
 }
 
+/// Prints Weft's time per query (and its SQL text with `sql`), a line each.
+pub fn print_weft(queries: &[PeerQuery], results: &BTreeMap<&'static str, WeftResult>, sql: bool) {
+    for q in queries {
+        let r = &results[q.id];
+        println!(
+            "weft {:<4} {:>6} rows  http {:>9.2} ms  pg {:>9.2} ms  {}",
+            q.id,
+            r.rows.len(),
+            r.http_ms,
+            r.pg_ms,
+            q.what
+        );
+        if sql {
+            println!("     {}", q.weft);
+        }
+    }
+}
+
 /// Runs `benches/peers/peers.py` and reads its JSON answer.
 pub fn run_peers(
     python: &Path,

@@ -6,6 +6,7 @@
 //! `weft-ingest`): it stores [`model::SpanRecord`]s and hands back spans, columns and bitmaps.
 
 pub mod block;
+mod cache;
 pub mod codec;
 pub mod error;
 pub mod head;

@@ -23,6 +23,7 @@ use rocksdb::{
 use crate::block::format::{decode_postings, decode_traces, encode_traces};
 use crate::block::reader::{ChunkSource, Rows, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
+use crate::cache::Bounded;
 use crate::codec::{decode_spans, encode_spans};
 use crate::error::{Result, StorageError};
 use crate::head::{Head, HeadSnapshot};
@@ -122,18 +123,14 @@ pub struct Store {
     sync: WriteOptions,
     closed: AtomicBool,
     /// Parsed footers of column chunks, by chunk key.
-    footers: Mutex<HashMap<Vec<u8>, ArrowReaderMetadata>>,
-    /// Column chunks recently read, by key, with their total size: a repeated query decodes
-    /// from memory instead of copying chunks out of RocksDB again.
-    chunk_cache: Mutex<(usize, HashMap<Vec<u8>, Bytes>)>,
-    /// Decoded postings by key, with the encoded bytes they hold in total.
-    #[allow(clippy::type_complexity)]
-    postings_cache: Mutex<(
-        usize,
-        HashMap<Vec<u8>, (usize, Arc<Vec<(String, RoaringBitmap)>>)>,
-    )>,
+    footers: Bounded<ArrowReaderMetadata>,
+    /// Column chunks recently read, by key, weighed in bytes: a repeated query decodes from
+    /// memory instead of copying chunks out of RocksDB again.
+    chunks: Bounded<Bytes>,
+    /// Decoded postings by key, weighed by their encoded bytes.
+    postings: Bounded<Arc<Vec<(String, RoaringBitmap)>>>,
     /// Trace runs of blocks, by block key (from the blocks' trace summaries).
-    trace_runs: Mutex<HashMap<Vec<u8>, Arc<TraceRuns>>>,
+    trace_runs: Bounded<Arc<TraceRuns>>,
     pub stats: StoreStats,
 }
 
@@ -202,10 +199,10 @@ impl Store {
             flush_lock: Mutex::new(()),
             sync,
             closed: AtomicBool::new(false),
-            footers: Mutex::new(HashMap::new()),
-            trace_runs: Mutex::new(HashMap::new()),
-            postings_cache: Mutex::new((0, HashMap::new())),
-            chunk_cache: Mutex::new((0, HashMap::new())),
+            footers: Bounded::new(FOOTER_CACHE_ENTRIES),
+            chunks: Bounded::new(CHUNK_CACHE_BYTES),
+            postings: Bounded::new(POSTINGS_CACHE_BYTES),
+            trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             stats: StoreStats::default(),
         };
         store.recover()?;
@@ -651,29 +648,14 @@ impl Store {
         dim: &str,
     ) -> Result<Arc<Vec<(String, RoaringBitmap)>>> {
         let key = keys::postings(tenant, addr, dim);
-        if let Some((_, d)) = self
-            .postings_cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .get(&key)
-        {
-            return Ok(d.clone());
+        if let Some(d) = self.postings.get(&key) {
+            return Ok(d);
         }
         let (bytes, decoded) = match self.db.get_pinned_cf(self.cf(CF_DATA), &key)? {
             Some(v) => (v.len(), Arc::new(decode_postings(&v)?)),
             None => (0, Arc::new(Vec::new())),
         };
-        let mut cache = self
-            .postings_cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if cache.0 + bytes > POSTINGS_CACHE_BYTES {
-            cache.1.clear(); // crude but bounded
-            cache.0 = 0;
-        }
-        cache.0 += bytes;
-        cache.1.insert(key, (bytes, decoded.clone()));
+        self.postings.insert(key, bytes, decoded.clone());
         Ok(decoded)
     }
 
@@ -754,57 +736,33 @@ pub struct ChunkFetcher<'a> {
 
 impl ChunkSource for ChunkFetcher<'_> {
     fn metadata(&self, column: &str) -> Option<ArrowReaderMetadata> {
-        let key = keys::chunk(&self.tenant, self.addr, column);
         self.store
             .footers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned()
+            .get(&keys::chunk(&self.tenant, self.addr, column))
     }
 
     fn remember(&self, column: &str, metadata: &ArrowReaderMetadata) {
         let key = keys::chunk(&self.tenant, self.addr, column);
-        let mut footers = self.store.footers.lock().unwrap_or_else(|e| e.into_inner());
-        if footers.len() >= FOOTER_CACHE_ENTRIES {
-            footers.clear(); // crude but bounded; blocks are immutable, so entries never go stale
-        }
-        footers.insert(key, metadata.clone());
+        self.store.footers.insert(key, 1, metadata.clone());
     }
 
     fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
         let key = keys::block_key(&self.tenant, keys::TRACES, self.addr);
-        let cached = self
-            .store
-            .trace_runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(runs) = cached {
+        if let Some(runs) = self.store.trace_runs.get(&key) {
             return Ok(Some(runs));
         }
         let entries = self.store.block_traces(&self.tenant, self.addr)?;
         let runs = Arc::new(TraceRuns::new(
             entries.iter().map(|t| (t.row_start, t.trace_id)).collect(),
         ));
-        let mut cache = self
-            .store
-            .trace_runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= TRACE_RUNS_CACHE_ENTRIES {
-            cache.clear(); // bounded; blocks are immutable, so entries never go stale
-        }
-        cache.insert(key, runs.clone());
+        self.store.trace_runs.insert(key, 1, runs.clone());
         Ok(Some(runs))
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
         let key = keys::chunk(&self.tenant, self.addr, column);
-        let cache = &self.store.chunk_cache;
-        if let Some(bytes) = cache.lock().unwrap_or_else(|e| e.into_inner()).1.get(&key) {
-            return Ok(Some(bytes.clone()));
+        if let Some(bytes) = self.store.chunks.get(&key) {
+            return Ok(Some(bytes));
         }
         let Some(bytes) = self
             .store
@@ -814,14 +772,9 @@ impl ChunkSource for ChunkFetcher<'_> {
         else {
             return Ok(None);
         };
-        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        // a chunk larger than an eighth of the cache would empty it too often
         if bytes.len() <= CHUNK_CACHE_BYTES / 8 {
-            if cache.0 + bytes.len() > CHUNK_CACHE_BYTES {
-                cache.1.clear(); // crude but bounded; chunks are immutable
-                cache.0 = 0;
-            }
-            cache.0 += bytes.len();
-            cache.1.insert(key, bytes.clone());
+            self.store.chunks.insert(key, bytes.len(), bytes.clone());
         }
         Ok(Some(bytes))
     }

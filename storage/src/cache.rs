@@ -1,0 +1,46 @@
+//! A small in-memory cache of values derived from immutable data (block chunks, footers,
+//! postings, trace runs): keys name immutable bytes, so entries never go stale. It is bounded
+//! by a total weight (entries or bytes) and simply emptied when an insert would exceed it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+pub struct Bounded<V> {
+    limit: usize,
+    inner: Mutex<Entries<V>>,
+}
+
+/// The entries with their weights, and the total weight held.
+struct Entries<V> {
+    weight: usize,
+    map: HashMap<Vec<u8>, (usize, V)>,
+}
+
+impl<V: Clone> Bounded<V> {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            inner: Mutex::new(Entries {
+                weight: 0,
+                map: HashMap::new(),
+            }),
+        }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<V> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.map.get(key).map(|(_, v)| v.clone())
+    }
+
+    pub fn insert(&self, key: Vec<u8>, weight: usize, value: V) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.weight + weight > self.limit {
+            inner.map.clear(); // crude but bounded
+            inner.weight = 0;
+        }
+        inner.weight += weight;
+        if let Some((old, _)) = inner.map.insert(key, (weight, value)) {
+            inner.weight -= old;
+        }
+    }
+}
