@@ -464,12 +464,7 @@ pub fn read_block<S: ChunkSource>(
         let array: ArrayRef = match &columns.cols[p] {
             SpanCol::TraceId if let Some(runs) = reader.trace_runs().map_err(s)? => {
                 // from the block's trace runs: the trace-id chunk is not decoded
-                let rows_iter: Box<dyn Iterator<Item = u32>> = match rows {
-                    Rows::All => Box::new(0..meta.rows),
-                    Rows::Range(start, len) => Box::new(*start..start + len),
-                    Rows::Set(set) => Box::new(set.iter()),
-                };
-                hex_runs(&runs.ids, &runs.runs_of(rows_iter))
+                hex_runs(&runs.ids, &runs.runs_of(rows.iter(meta.rows)))
             }
             SpanCol::TraceId | SpanCol::SpanId | SpanCol::ParentSpanId => {
                 let name = match &columns.cols[p] {

@@ -68,6 +68,15 @@ impl Rows {
         }
     }
 
+    /// The row numbers, ascending, of a block of `total` rows.
+    pub fn iter(&self, total: u32) -> Box<dyn Iterator<Item = u32> + '_> {
+        match self {
+            Rows::All => Box::new(0..total),
+            Rows::Range(start, len) => Box::new(*start..start + len),
+            Rows::Set(set) => Box::new(set.iter()),
+        }
+    }
+
     pub fn len(&self, total: u32) -> usize {
         match self {
             Rows::All => total as usize,
@@ -294,11 +303,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let gaps = downcast::<Int64Array>(&gaps, col::START)?.values();
         let durations = self.required(col::DURATION, &widened)?;
         let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
-        let row_numbers: Box<dyn Iterator<Item = u32>> = match &widened {
-            Rows::All => Box::new(0..total),
-            Rows::Range(start, len) => Box::new(*start..start + len),
-            Rows::Set(set) => Box::new(set.iter()),
-        };
+        let row_numbers = widened.iter(total);
         let trace_ids;
         let mut run_start: Box<dyn FnMut(usize, u32) -> bool> = match self.source.trace_runs()? {
             // trace runs from the block's summaries: no trace id is decoded
