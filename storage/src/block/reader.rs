@@ -198,14 +198,22 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// A filter keeping the rows of a dense set, built once per reader for its first set.
     fn mask_of(&self, set: &RoaringBitmap) -> BooleanArray {
         let build = || {
-            // mostly true: start from all rows and clear the few left out
+            // walk the smaller side: set the kept rows, or clear the left-out ones
             let total = self.meta.rows;
-            let mut left_out = RoaringBitmap::new();
-            left_out.insert_range(0..total);
-            left_out -= set;
-            let mut keep = vec![true; total as usize];
-            for r in &left_out {
-                keep[r as usize] = false;
+            let mut keep;
+            if set.len() * 2 > u64::from(total) {
+                let mut left_out = RoaringBitmap::new();
+                left_out.insert_range(0..total);
+                left_out -= set;
+                keep = vec![true; total as usize];
+                for r in &left_out {
+                    keep[r as usize] = false;
+                }
+            } else {
+                keep = vec![false; total as usize];
+                for r in set.iter().filter(|r| *r < total) {
+                    keep[r as usize] = true;
+                }
             }
             (set.clone(), BooleanArray::from(keep))
         };
@@ -279,6 +287,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }
         let page = PAGE_ROWS as u32;
         let total = self.meta.rows;
+        let runs = self.source.trace_runs()?;
         let widened = match rows {
             Rows::All => Rows::All,
             Rows::Range(start, len) => {
@@ -286,15 +295,22 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 Rows::Range(start - back, len + back)
             }
             Rows::Set(set) => {
-                let mut pages: Vec<u32> = set.iter().map(|r| r / page).collect();
-                pages.dedup();
-                if pages.len() as u32 * 2 > total.div_ceil(page).max(1) {
+                let whole = match &runs {
+                    // each row back to its trace's first row or its page's, whichever is later
+                    Some(runs) => back_to_absolute(set, &runs.starts, page),
+                    None => {
+                        let mut whole = RoaringBitmap::new();
+                        let mut pages: Vec<u32> = set.iter().map(|r| r / page).collect();
+                        pages.dedup();
+                        for p in pages {
+                            whole.insert_range(p * page..((p + 1) * page).min(total));
+                        }
+                        whole
+                    }
+                };
+                if whole.len() * 2 > u64::from(total) {
                     Rows::All
                 } else {
-                    let mut whole = RoaringBitmap::new();
-                    for p in pages {
-                        whole.insert_range(p * page..((p + 1) * page).min(total));
-                    }
                     Rows::Set(whole)
                 }
             }
@@ -305,7 +321,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
         let row_numbers = widened.iter(total);
         let trace_ids;
-        let mut run_start: Box<dyn FnMut(usize, u32) -> bool> = match self.source.trace_runs()? {
+        let mut run_start: Box<dyn FnMut(usize, u32) -> bool> = match runs {
             // trace runs from the block's summaries: no trace id is decoded
             Some(runs) => {
                 let mut next = 0usize;
@@ -629,6 +645,26 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 }
 
 /// One row's attributes from the typed columns and the blob columns.
+/// The rows whose start times rebuild those of `set`: each row back to the first row of its
+/// trace run (`run_starts`, ascending) or of its page, whichever is later, since both hold an
+/// absolute time and every row after them a gap.
+fn back_to_absolute(set: &RoaringBitmap, run_starts: &[u32], page: u32) -> RoaringBitmap {
+    let mut whole = RoaringBitmap::new();
+    let mut run = 0usize;
+    for row in set {
+        while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
+            run += 1;
+        }
+        let run_start = run_starts
+            .get(run)
+            .copied()
+            .filter(|s| *s <= row)
+            .unwrap_or(0);
+        whole.insert_range(run_start.max(row - row % page)..=row);
+    }
+    whole
+}
+
 fn collect_attributes(
     attr_cols: &[AttrColumn],
     alias_mask: i64,

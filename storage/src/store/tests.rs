@@ -406,6 +406,26 @@ fn gap_encoded_start_times_read_back_across_page_boundaries() {
         .map(|r| all[r as usize].start.0 as i64)
         .collect();
     assert_eq!(picked, want);
+    // sparse sets: each row is rebuilt from its trace's first row or its page's
+    let page = crate::block::format::PAGE_ROWS as u32;
+    let sparse: Vec<RoaringBitmap> = vec![
+        (0..meta.rows).filter(|r| r % 97 == 5).collect(),
+        [page - 1, page, page + 1, meta.rows - 1]
+            .into_iter()
+            .collect(),
+        (0..meta.rows).step_by(1000).collect(),
+    ];
+    for set in sparse {
+        let (starts, durations) = reader.times(&Rows::Set(set.clone())).unwrap();
+        let want: (Vec<i64>, Vec<i64>) = set
+            .iter()
+            .map(|r| {
+                let s = &all[r as usize];
+                (s.start.0 as i64, s.duration_ns() as i64)
+            })
+            .unzip();
+        assert_eq!((starts, durations), want, "rows {set:?}");
+    }
     let unaligned = reader
         .ints(crate::block::writer::col::START, &Rows::Range(5000, 300))
         .unwrap();
