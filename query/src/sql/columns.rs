@@ -701,10 +701,13 @@ pub fn read_rows(
                 values_column(
                     field.data_type(),
                     rows.iter().map(|r| {
+                        // as a block stores it: the first value of the column's type
                         r.attributes
                             .iter()
-                            .find(|kv| dedicated_for(&kv.key).is_some_and(|(j, _)| j == *i))
-                            .filter(|kv| ColumnType::of(&kv.value) == Some(d.ty))
+                            .find(|kv| {
+                                dedicated_for(&kv.key).is_some_and(|(j, _)| j == *i)
+                                    && ColumnType::of(&kv.value) == Some(d.ty)
+                            })
                             .map(|kv| kv.value.clone())
                     }),
                 )

@@ -15,7 +15,7 @@ use weft_storage::block::BlockMeta;
 use weft_storage::block::reader::Rows;
 use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, TenantId, TraceId};
-use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
+use weft_storage::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 use weft_storage::store::Snapshot;
 
 use super::columns::{SpanCol, SpanColumns};
@@ -75,16 +75,14 @@ fn text(v: &ScalarValue) -> Option<String> {
 /// A literal as the postings term of a dimension of the given column.
 fn term(c: &SpanCol, v: &ScalarValue) -> Option<String> {
     match c {
-        SpanCol::Dedicated(i) if DEDICATED[*i].ty == weft_storage::schema::ColumnType::Int => {
-            match v {
-                ScalarValue::Int64(Some(n)) => Some(n.to_string()),
-                ScalarValue::Int32(Some(n)) => Some(n.to_string()),
-                ScalarValue::Int16(Some(n)) => Some(n.to_string()),
-                ScalarValue::Int8(Some(n)) => Some(n.to_string()),
-                ScalarValue::UInt32(Some(n)) => Some(n.to_string()),
-                _ => None,
-            }
-        }
+        SpanCol::Dedicated(i) if DEDICATED[*i].ty == ColumnType::Int => match v {
+            ScalarValue::Int64(Some(n)) => Some(n.to_string()),
+            ScalarValue::Int32(Some(n)) => Some(n.to_string()),
+            ScalarValue::Int16(Some(n)) => Some(n.to_string()),
+            ScalarValue::Int8(Some(n)) => Some(n.to_string()),
+            ScalarValue::UInt32(Some(n)) => Some(n.to_string()),
+            _ => None,
+        },
         _ => text(v),
     }
 }
@@ -107,8 +105,10 @@ impl Pushdown {
     }
 
     /// Whether the scan answers a filter exactly, so DataFusion need not re-check it (nor read
-    /// its column): `=` / `IN` on service name, span name and status code, whose postings hold
-    /// exactly the rows with each value, in blocks and head alike (see [`Self::row_matches`]).
+    /// its column): `=` / `IN` on service name, span name, status code and the indexed dedicated
+    /// columns of text or integer type, whose postings hold exactly the rows whose column has
+    /// each value, in blocks and head alike (see [`Self::row_matches`]). A dedicated value of
+    /// another type is neither in the column nor in the postings.
     pub fn exact(columns: &SpanColumns, e: &Expr) -> bool {
         fn plain_column(e: &Expr) -> Option<&str> {
             match e {
@@ -125,32 +125,49 @@ impl Pushdown {
                 _ => None,
             }
         }
+        // the column, when its postings answer equality exactly
         let exact_col = |c: &str| {
-            columns.index_of(c).is_some_and(|i| {
-                matches!(
-                    columns.cols[i],
-                    SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode
-                )
+            let c = &columns.cols[columns.index_of(c)?];
+            let exact = match c {
+                SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode => true,
+                SpanCol::Dedicated(i) => {
+                    let d = &DEDICATED[*i];
+                    d.indexed && matches!(d.ty, ColumnType::Str | ColumnType::Int)
+                }
+                _ => false,
+            };
+            exact.then_some(c)
+        };
+        // every value a literal of the column's own kind (text for text, integer for integer)
+        let values = |c: &SpanCol, mut values: std::slice::Iter<'_, Expr>| {
+            values.all(|v| {
+                literal(v).is_some_and(|v| match c {
+                    SpanCol::Dedicated(i) if DEDICATED[*i].ty == ColumnType::Int => {
+                        term(c, v).is_some()
+                    }
+                    _ => text(v).is_some(),
+                })
             })
         };
-        fn texts<'e>(mut values: impl Iterator<Item = &'e Expr>) -> bool {
-            values.all(|v| literal(v).and_then(text).is_some())
-        }
         match e {
             Expr::BinaryExpr(BinaryExpr {
                 left,
                 op: Operator::Eq,
                 right,
             }) => match (plain_column(left), plain_column(right)) {
-                (Some(c), None) => exact_col(c) && texts(std::iter::once(right.as_ref())),
-                (None, Some(c)) => exact_col(c) && texts(std::iter::once(left.as_ref())),
+                (Some(c), None) => exact_col(c)
+                    .is_some_and(|c| values(c, std::slice::from_ref(right.as_ref()).iter())),
+                (None, Some(c)) => exact_col(c)
+                    .is_some_and(|c| values(c, std::slice::from_ref(left.as_ref()).iter())),
                 _ => false,
             },
             Expr::InList(InList {
                 expr,
                 list,
                 negated: false,
-            }) => plain_column(expr).is_some_and(exact_col) && texts(list.iter()),
+            }) => plain_column(expr)
+                .and_then(exact_col)
+                .is_some_and(|c| values(c, list.iter())),
             _ => false,
         }
     }
@@ -334,8 +351,7 @@ impl Pushdown {
                         .iter()
                         .find(|kv| {
                             weft_storage::schema::dedicated_for(&kv.key).map(|x| x.0) == i
-                                && weft_storage::schema::ColumnType::of(&kv.value)
-                                    == i.map(|i| DEDICATED[i].ty)
+                                && ColumnType::of(&kv.value) == i.map(|i| DEDICATED[i].ty)
                         })
                         .and_then(|kv| kv.value.as_term())
                 }

@@ -46,6 +46,16 @@ fn spans(seed: u64, traces: usize) -> Vec<SpanRecord> {
         let error = rng.random_bool(0.1);
         let tokens = rng.random_range(2..12);
         let end = base + 50_000_000 + tokens as u64 * 1_000_000;
+        // the provider under its old alias: of the wrong type before the right one, or alone
+        let provider = match t % 4 {
+            1 => vec![
+                KeyValue::new("gen_ai.system", Value::Int(1)),
+                KeyValue::new("gen_ai.provider.name", Value::Str("vllm".into())),
+            ],
+            2 => vec![KeyValue::new("gen_ai.system", Value::Str("sglang".into()))],
+            3 => vec![KeyValue::new("gen_ai.provider.name", Value::Int(2))],
+            _ => Vec::new(),
+        };
         out.push(SpanRecord {
             trace_id: trace,
             span_id: root,
@@ -103,7 +113,10 @@ fn spans(seed: u64, traces: usize) -> Vec<SpanRecord> {
                 KeyValue::new("llm.batch_size", Value::Int(rng.random_range(1..5) * 8)),
                 KeyValue::new("gen_ai.usage.output_tokens", Value::Int(tokens)),
                 KeyValue::new("gen_ai.input.messages", Value::Str("prompt ".repeat(200))),
-            ],
+            ]
+            .into_iter()
+            .chain(provider)
+            .collect(),
             links: if t % 5 == 0 {
                 vec![Link {
                     trace_id: trace,
@@ -247,6 +260,10 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT \"llm.model_version\", count(*) FROM spans WHERE \"llm.model_version\" = 'v2' GROUP BY 1".into(),
         "SELECT count(*), count(DISTINCT trace_id) FROM spans WHERE \"llm.model_version\" = 'v1' AND \"worker.id\" = 'worker-2' AND \"llm.lora_adapter\" IN ('sql-lora')".into(),
         "SELECT service_name, status_code, count(*) FROM spans WHERE status_code = 'ERROR' GROUP BY 1, 2".into(),
+        // dedicated values sent with the wrong type, or under an alias, in blocks and head
+        "SELECT \"gen_ai.provider.name\", count(*), count(DISTINCT trace_id) FROM spans WHERE \"gen_ai.provider.name\" IN ('vllm', 'sglang') GROUP BY 1".into(),
+        "SELECT count(*) FROM spans WHERE \"gen_ai.provider.name\" = 'vllm' AND \"llm.batch_size\" IN (8, 24)".into(),
+        "SELECT attributes['gen_ai.system'], count(*) FROM spans WHERE \"gen_ai.provider.name\" IS NULL AND name = 'llm.generate' GROUP BY 1".into(),
         "SELECT count(*) FROM spans WHERE \"llm.batch_size\" = 16".into(),
         format!(
             "SELECT count(*), min(start_time), max(end_time) FROM spans WHERE start_time >= to_timestamp_nanos({t0}) AND start_time < to_timestamp_nanos({t1})"
