@@ -294,6 +294,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 let back = start % page;
                 Rows::Range(start - back, len + back)
             }
+            // most of the block: all of it
+            Rows::Set(set) if set.len() * 2 > u64::from(total) => Rows::All,
             Rows::Set(set) => {
                 let whole = match &runs {
                     // each row back to its trace's first row or its page's, whichever is later
@@ -651,6 +653,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 fn back_to_absolute(set: &RoaringBitmap, run_starts: &[u32], page: u32) -> RoaringBitmap {
     let mut whole = RoaringBitmap::new();
     let mut run = 0usize;
+    let mut open: Option<(u32, u32)> = None;
     for row in set {
         while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
             run += 1;
@@ -660,7 +663,19 @@ fn back_to_absolute(set: &RoaringBitmap, run_starts: &[u32], page: u32) -> Roari
             .copied()
             .filter(|s| *s <= row)
             .unwrap_or(0);
-        whole.insert_range(run_start.max(row - row % page)..=row);
+        let from = run_start.max(row - row % page);
+        // grow the open range while the next one touches it
+        match &mut open {
+            Some((_, to)) if from <= *to + 1 => *to = row,
+            _ => {
+                if let Some((a, b)) = open.replace((from, row)) {
+                    whole.insert_range(a..=b);
+                }
+            }
+        }
+    }
+    if let Some((a, b)) = open {
+        whole.insert_range(a..=b);
     }
     whole
 }
