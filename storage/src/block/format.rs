@@ -53,10 +53,7 @@ pub enum Enc {
     Dict,
     /// Delta binary packed: times, sorted or slowly varying integers.
     Delta,
-    /// Byte-stream-split, LZ4-compressed: floats, start-time gaps and durations, whose low
-    /// bytes are near random (zstd saves 5–10% on them) and which most queries decode: LZ4
-    /// decompresses them several times faster. Chunks name their codec, so blocks written
-    /// with zstd read as before.
+    /// Byte-stream-split: floats.
     Split,
     /// Plain: random ids, opaque blobs.
     Plain,
@@ -301,8 +298,7 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
             .set_encoding(Encoding::DELTA_BINARY_PACKED),
         Enc::Split => props
             .set_dictionary_enabled(false)
-            .set_encoding(Encoding::BYTE_STREAM_SPLIT)
-            .set_compression(Compression::LZ4_RAW),
+            .set_encoding(Encoding::BYTE_STREAM_SPLIT),
         Enc::Plain => props.set_dictionary_enabled(false),
     };
     let options = ArrowWriterOptions::new()
