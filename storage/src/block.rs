@@ -2,6 +2,7 @@
 //! and start time, stored as one RocksDB value per column chunk.
 
 pub mod format;
+pub mod packed;
 pub mod reader;
 pub mod writer;
 

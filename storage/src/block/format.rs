@@ -57,6 +57,9 @@ pub enum Enc {
     Split,
     /// Plain: random ids, opaque blobs.
     Plain,
+    /// Patched frame-of-reference bit packing ([`super::packed`], not Parquet): start-time
+    /// gaps and durations, read by nearly every query, often a few rows per page.
+    Packed,
 }
 
 /// What a column holds, so a reader knows how to put it back into a span.
@@ -281,6 +284,16 @@ pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
 
 /// Encodes one Arrow array as a single-column Parquet chunk.
 pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
+    if enc == Enc::Packed {
+        let ints = array
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .filter(|a| arrow::array::Array::null_count(*a) == 0)
+            .ok_or_else(|| {
+                StorageError::corrupt("column", "only non-null int64 columns are bit-packed")
+            })?;
+        return Ok(super::packed::encode(ints.values(), PAGE_ROWS));
+    }
     let field = Field::new("v", array.data_type().clone(), true);
     let schema = Arc::new(Schema::new(vec![field]));
     let mut props = WriterProperties::builder()
@@ -299,7 +312,7 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
         Enc::Split => props
             .set_dictionary_enabled(false)
             .set_encoding(Encoding::BYTE_STREAM_SPLIT),
-        Enc::Plain => props.set_dictionary_enabled(false),
+        Enc::Plain | Enc::Packed => props.set_dictionary_enabled(false),
     };
     let options = ArrowWriterOptions::new()
         .with_properties(props.build())

@@ -12,6 +12,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelecto
 use roaring::RoaringBitmap;
 
 use super::format::{BlockMeta, ColumnKind, PAGE_ROWS, Transform, decode_chunk_with};
+use super::packed;
 use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
@@ -163,6 +164,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let bytes = self.source.chunk(name)?.ok_or_else(|| {
             StorageError::corrupt("block", format!("column chunk {name} missing"))
         })?;
+        if packed::is_packed(&bytes) {
+            return self.packed(name, &bytes, rows).map(Some);
+        }
         let cached = self.source.metadata(name);
         let known = cached.is_some();
         // A set of most of the block: decoding it whole and filtering beats a selection of
@@ -193,6 +197,36 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             ));
         }
         Ok(Some(array))
+    }
+
+    /// The given rows of a bit-packed chunk: a few rows are read one by one, most of the
+    /// block whole and then picked.
+    fn packed(&self, name: &str, bytes: &[u8], rows: &Rows) -> Result<ArrayRef> {
+        let chunk = packed::Packed::parse(bytes)?;
+        let total = self.meta.rows;
+        if chunk.rows() != total {
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!("{name}: {} rows in a block of {total}", chunk.rows()),
+            ));
+        }
+        let values = match rows {
+            Rows::All => chunk.all()?,
+            Rows::Set(set) if set.len() * 4 > u64::from(total) => {
+                let all = chunk.all()?;
+                set.iter()
+                    .filter_map(|r| all.get(r as usize).copied())
+                    .collect()
+            }
+            _ => chunk.pick(rows.iter(total))?,
+        };
+        if values.len() != rows.len(total) {
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!("{name}: wrong row count"),
+            ));
+        }
+        Ok(Arc::new(Int64Array::from(values)))
     }
 
     /// A filter keeping the rows of a dense set, built once per reader for its first set.

@@ -1,0 +1,368 @@
+//! Patched frame-of-reference bit packing: the chunk format of the two int64 core columns that
+//! nearly every query reads, start-time gaps and durations.
+//!
+//! Each page of [`PAGE_ROWS`](super::format::PAGE_ROWS) values is stored as a base and a bit
+//! width: a value is `base + unsigned(width bits)`. The few values outside that window (the
+//! absolute start of each trace, a long request among token spans) are exceptions, kept whole
+//! beside the page. The width is chosen per page to minimise its size, so the chunk is as small
+//! as byte-stream-split + zstd on this data, while any one value reads in a few instructions
+//! without decompressing its page: a query that needs the start of one span in every trace no
+//! longer decodes whole pages of token spans.
+//!
+//! Layout (little endian): `magic:4="WPK1" rows:u32 page_rows:u32 pages:u32
+//! page_offset:u32*pages`, then per page `base:i64 width:u8 exceptions:u32
+//! exception_row:u16*exceptions exception_value:i64*exceptions words:u64*n` where the `n`
+//! words hold `page_len * width` bits, value `i` at bit `i * width`, followed by one zero word
+//! (so that a value straddling two words always finds the second). Exception rows are
+//! ascending; their packed slots hold zero.
+
+use crate::error::{Result, StorageError};
+
+pub const MAGIC: &[u8; 4] = b"WPK1";
+
+/// Bits one exception costs beyond its packed slot: its row (16) and its value (64).
+const EXCEPTION_BITS: u64 = 80;
+
+/// Whether a chunk is in this format (a Parquet chunk begins with `PAR1`).
+pub fn is_packed(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+/// Encodes values in pages of `page_rows` (at most 65,536).
+pub fn encode(values: &[i64], page_rows: usize) -> Vec<u8> {
+    assert!(
+        (1..=1 << 16).contains(&page_rows),
+        "page rows {page_rows} out of range"
+    );
+    let pages: Vec<&[i64]> = values.chunks(page_rows).collect();
+    let mut out = Vec::with_capacity(16 + 4 * pages.len() + values.len() * 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(values.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(page_rows as u32).to_le_bytes());
+    out.extend_from_slice(&(pages.len() as u32).to_le_bytes());
+    let directory = out.len();
+    out.resize(directory + 4 * pages.len(), 0);
+    for (p, page) in pages.iter().enumerate() {
+        let offset = out.len() as u32;
+        out[directory + 4 * p..directory + 4 * p + 4].copy_from_slice(&offset.to_le_bytes());
+        encode_page(page, &mut out);
+    }
+    out
+}
+
+/// The base and width that make a page smallest: for each width, the window of `2^width`
+/// holding the most values (two pointers over the sorted values), exceptions the rest.
+fn choose(page: &[i64]) -> (i64, u8) {
+    let mut sorted = page.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len() as u64;
+    let span = |i: usize, j: usize| i128::from(sorted[j]) - i128::from(sorted[i]);
+    // width 64 always fits every value
+    let mut best = (n * 64, sorted[0], 64u8);
+    for width in 0..64u8 {
+        let window = 1i128 << width;
+        let (mut i, mut most, mut most_at) = (0usize, 0usize, 0usize);
+        for j in 0..sorted.len() {
+            while span(i, j) >= window {
+                i += 1;
+            }
+            if j + 1 - i > most {
+                (most, most_at) = (j + 1 - i, i);
+            }
+        }
+        let bits = n * u64::from(width) + (n - most as u64) * EXCEPTION_BITS;
+        if bits < best.0 {
+            best = (bits, sorted[most_at], width);
+        }
+        if most == sorted.len() {
+            break; // wider windows only cost more
+        }
+    }
+    (best.1, best.2)
+}
+
+fn encode_page(page: &[i64], out: &mut Vec<u8>) {
+    let (base, width) = choose(page);
+    let fits = |v: i64| width == 64 || (v.wrapping_sub(base) as u64) >> width == 0 && v >= base;
+    let exceptions: Vec<(u16, i64)> = page
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !fits(**v))
+        .map(|(i, v)| (i as u16, *v))
+        .collect();
+    out.extend_from_slice(&base.to_le_bytes());
+    out.push(width);
+    out.extend_from_slice(&(exceptions.len() as u32).to_le_bytes());
+    for (row, _) in &exceptions {
+        out.extend_from_slice(&row.to_le_bytes());
+    }
+    for (_, value) in &exceptions {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    let w = u64::from(width);
+    let mut words = vec![0u64; (page.len() as u64 * w).div_ceil(64) as usize + 1];
+    if width > 0 {
+        for (i, v) in page.iter().enumerate() {
+            if !fits(*v) {
+                continue;
+            }
+            let bits = v.wrapping_sub(base) as u64;
+            let at = i as u64 * w;
+            let (word, shift) = ((at / 64) as usize, at % 64);
+            words[word] |= bits << shift;
+            if shift + w > 64 {
+                words[word + 1] |= bits >> (64 - shift);
+            }
+        }
+    }
+    for word in words {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+}
+
+fn corrupt(detail: impl Into<String>) -> StorageError {
+    StorageError::corrupt("packed column chunk", detail)
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32> {
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+        .ok_or_else(|| corrupt("truncated"))
+}
+
+/// A parsed chunk: its header; pages are parsed when read.
+pub struct Packed<'a> {
+    bytes: &'a [u8],
+    rows: u32,
+    page_rows: u32,
+    pages: u32,
+}
+
+/// One page, parsed.
+struct Page<'a> {
+    first_row: u32,
+    len: u32,
+    base: i64,
+    width: u32,
+    exception_rows: &'a [u8],
+    exception_values: &'a [u8],
+    words: &'a [u8],
+}
+
+impl Page<'_> {
+    fn word(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.words[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+    }
+
+    /// The packed value of row `i` of the page (zero in an exception's slot).
+    fn packed(&self, i: u32) -> i64 {
+        if self.width == 0 {
+            return self.base;
+        }
+        let w = u64::from(self.width);
+        let at = u64::from(i) * w;
+        let (word, shift) = ((at / 64) as usize, at % 64);
+        let mut bits = self.word(word) >> shift;
+        if shift + w > 64 {
+            bits |= self.word(word + 1) << (64 - shift);
+        }
+        if w < 64 {
+            bits &= (1u64 << w) - 1;
+        }
+        self.base.wrapping_add(bits as i64)
+    }
+
+    fn exceptions(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
+        self.exception_rows
+            .chunks_exact(2)
+            .zip(self.exception_values.chunks_exact(8))
+            .map(|(r, v)| {
+                (
+                    u32::from(u16::from_le_bytes(r.try_into().expect("2 bytes"))),
+                    i64::from_le_bytes(v.try_into().expect("8 bytes")),
+                )
+            })
+    }
+
+    /// Row `i` of the page.
+    fn get(&self, i: u32) -> i64 {
+        let n = self.exception_rows.len() / 2;
+        let row_of = |k: usize| {
+            u32::from(u16::from_le_bytes(
+                self.exception_rows[2 * k..2 * k + 2]
+                    .try_into()
+                    .expect("2 bytes"),
+            ))
+        };
+        // binary search among the (few) exceptions
+        let (mut lo, mut hi) = (0usize, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if row_of(mid) < i {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo < n && row_of(lo) == i {
+            let v = &self.exception_values[8 * lo..8 * lo + 8];
+            return i64::from_le_bytes(v.try_into().expect("8 bytes"));
+        }
+        self.packed(i)
+    }
+}
+
+impl<'a> Packed<'a> {
+    pub fn parse(bytes: &'a [u8]) -> Result<Self> {
+        if !is_packed(bytes) {
+            return Err(corrupt("bad magic"));
+        }
+        let (rows, page_rows, pages) = (u32_at(bytes, 4)?, u32_at(bytes, 8)?, u32_at(bytes, 12)?);
+        if page_rows == 0 || pages != rows.div_ceil(page_rows) {
+            return Err(corrupt(format!(
+                "{rows} rows in {pages} pages of {page_rows}"
+            )));
+        }
+        if bytes.len() < 16 + 4 * pages as usize {
+            return Err(corrupt("truncated page directory"));
+        }
+        Ok(Self {
+            bytes,
+            rows,
+            page_rows,
+            pages,
+        })
+    }
+
+    pub fn rows(&self) -> u32 {
+        self.rows
+    }
+
+    fn page(&self, p: u32) -> Result<Page<'a>> {
+        let b = self.bytes;
+        let at = u32_at(b, 16 + 4 * p as usize)? as usize;
+        let first_row = p * self.page_rows;
+        let len = self.page_rows.min(self.rows - first_row);
+        let head = b
+            .get(at..at + 13)
+            .ok_or_else(|| corrupt("truncated page"))?;
+        let base = i64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        let width = u32::from(head[8]);
+        let n = u32::from_le_bytes(head[9..13].try_into().expect("4 bytes")) as usize;
+        if width > 64 || n > len as usize {
+            return Err(corrupt(format!("page {p}: width {width}, {n} exceptions")));
+        }
+        let words = (u64::from(len) * u64::from(width)).div_ceil(64) as usize + 1;
+        let rows_at = at + 13;
+        let values_at = rows_at + 2 * n;
+        let words_at = values_at + 8 * n;
+        let end = words_at + 8 * words;
+        if b.len() < end {
+            return Err(corrupt(format!("page {p} truncated")));
+        }
+        let page = Page {
+            first_row,
+            len,
+            base,
+            width,
+            exception_rows: &b[rows_at..values_at],
+            exception_values: &b[values_at..words_at],
+            words: &b[words_at..end],
+        };
+        if page.exceptions().any(|(r, _)| r >= len) {
+            return Err(corrupt(format!("page {p}: exception past its end")));
+        }
+        Ok(page)
+    }
+
+    /// Every value.
+    pub fn all(&self) -> Result<Vec<i64>> {
+        let mut out = Vec::with_capacity(self.rows as usize);
+        for p in 0..self.pages {
+            let page = self.page(p)?;
+            let at = out.len();
+            out.extend((0..page.len).map(|i| page.packed(i)));
+            for (r, v) in page.exceptions() {
+                out[at + r as usize] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The values of the given rows (ascending), each read on its own.
+    pub fn pick(&self, rows: impl Iterator<Item = u32>) -> Result<Vec<i64>> {
+        let mut out = Vec::new();
+        let mut page: Option<Page<'a>> = None;
+        for row in rows {
+            if row >= self.rows {
+                return Err(corrupt(format!("row {row} of {}", self.rows)));
+            }
+            let p = row / self.page_rows;
+            let current = match page.take() {
+                Some(pg) if pg.first_row / self.page_rows == p => pg,
+                _ => self.page(p)?,
+            };
+            out.push(current.get(row - current.first_row));
+            page = Some(current);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(values: &[i64], page_rows: usize) -> Vec<u8> {
+        let bytes = encode(values, page_rows);
+        let chunk = Packed::parse(&bytes).unwrap();
+        assert_eq!(chunk.rows() as usize, values.len());
+        assert_eq!(chunk.all().unwrap(), values);
+        let rows: Vec<u32> = (0..values.len() as u32).filter(|r| r % 3 != 1).collect();
+        let want: Vec<i64> = rows.iter().map(|r| values[*r as usize]).collect();
+        assert_eq!(chunk.pick(rows.into_iter()).unwrap(), want);
+        bytes
+    }
+
+    #[test]
+    fn values_read_back_whole_and_one_by_one() {
+        // token-like gaps with an absolute start now and then, and the extremes
+        let mut values: Vec<i64> = (0..10_000)
+            .map(|i: i64| {
+                if i % 97 == 0 {
+                    1_764_460_800_000_000_000 + i * 1_000
+                } else {
+                    (i * 7919) % 40_000 - 20
+                }
+            })
+            .collect();
+        values.extend([i64::MIN, i64::MAX, 0, -1, i64::MIN, i64::MAX]);
+        let bytes = roundtrip(&values, 4096);
+        // the gaps cost about two bytes each, not eight
+        assert!(bytes.len() < values.len() * 3, "{} bytes", bytes.len());
+        roundtrip(&[], 4096);
+        roundtrip(&[5], 4096);
+        roundtrip(&[7; 9000], 4096);
+        roundtrip(&[i64::MIN, i64::MAX, 3], 2);
+        let spread: Vec<i64> = (0..5000)
+            .map(|i: i64| i.wrapping_mul(0x1E37_79B9_7F4A_7C15))
+            .collect();
+        roundtrip(&spread, 4096);
+    }
+
+    #[test]
+    fn damaged_chunks_are_errors_not_panics() {
+        let values: Vec<i64> = (0..5000).map(|i| i * 13 % 1000).collect();
+        let bytes = encode(&values, 4096);
+        for cut in [0, 3, 10, 17, 40, bytes.len() / 2, bytes.len() - 1] {
+            let short = &bytes[..cut];
+            let read = Packed::parse(short).and_then(|c| c.all());
+            assert!(read.is_err(), "cut at {cut}");
+        }
+        let mut bad = bytes.clone();
+        bad[8..12].copy_from_slice(&0u32.to_le_bytes()); // pages of no rows
+        assert!(Packed::parse(&bad).is_err());
+        let chunk = Packed::parse(&bytes).unwrap();
+        assert!(chunk.pick([5000u32].into_iter()).is_err());
+    }
+}
