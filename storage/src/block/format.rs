@@ -5,7 +5,9 @@
 //! its pages), zstd-compressed, with an encoding chosen per column ([`Enc`]): dictionary/RLE for
 //! repeating strings and ids, delta-binary-packed for times and counters, byte-stream-split for
 //! floats, plain for random ids. Parquet is the self-describing layer: a chunk is readable by any
-//! Parquet reader, and the cold tier re-packages chunks rather than re-encoding them.
+//! Parquet reader. Start-time gaps and durations are the exception: bit-packed chunks
+//! ([`super::packed`], magic `WPK1`), told apart from Parquet (`PAR1`) by their first bytes, so
+//! blocks written before them read as before.
 //!
 //! **Block meta** (key `meta`), codec layout:
 //! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
