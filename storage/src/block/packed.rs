@@ -184,31 +184,18 @@ impl Page<'_> {
             })
     }
 
-    /// Row `i` of the page.
-    fn get(&self, i: u32) -> i64 {
-        let n = self.exception_rows.len() / 2;
-        let row_of = |k: usize| {
-            u32::from(u16::from_le_bytes(
-                self.exception_rows[2 * k..2 * k + 2]
-                    .try_into()
-                    .expect("2 bytes"),
-            ))
-        };
-        // binary search among the (few) exceptions
-        let (mut lo, mut hi) = (0usize, n);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if row_of(mid) < i {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        if lo < n && row_of(lo) == i {
-            let v = &self.exception_values[8 * lo..8 * lo + 8];
-            return i64::from_le_bytes(v.try_into().expect("8 bytes"));
-        }
-        self.packed(i)
+    fn exception_count(&self) -> usize {
+        self.exception_rows.len() / 2
+    }
+
+    fn exception_row(&self, k: usize) -> u32 {
+        let r = &self.exception_rows[2 * k..2 * k + 2];
+        u32::from(u16::from_le_bytes(r.try_into().expect("2 bytes")))
+    }
+
+    fn exception_value(&self, k: usize) -> i64 {
+        let v = &self.exception_values[8 * k..8 * k + 8];
+        i64::from_le_bytes(v.try_into().expect("8 bytes"))
     }
 }
 
@@ -291,19 +278,31 @@ impl<'a> Packed<'a> {
 
     /// The values of the given rows (ascending), each read on its own.
     pub fn pick(&self, rows: impl Iterator<Item = u32>) -> Result<Vec<i64>> {
-        let mut out = Vec::new();
-        let mut page: Option<Page<'a>> = None;
+        let mut out = Vec::with_capacity(rows.size_hint().0);
+        // the page being read and the first of its exceptions not yet passed
+        let mut current: Option<(u32, Page<'a>, usize)> = None;
         for row in rows {
             if row >= self.rows {
                 return Err(corrupt(format!("row {row} of {}", self.rows)));
             }
             let p = row / self.page_rows;
-            let current = match page.take() {
-                Some(pg) if pg.first_row / self.page_rows == p => pg,
-                _ => self.page(p)?,
-            };
-            out.push(current.get(row - current.first_row));
-            page = Some(current);
+            if current.as_ref().is_none_or(|c| c.0 != p) {
+                current = Some((p, self.page(p)?, 0));
+            }
+            let (_, page, next) = current.as_mut().expect("just set");
+            let i = row - page.first_row;
+            let n = page.exception_count();
+            if *next > 0 && page.exception_row(*next - 1) >= i {
+                *next = 0; // rows out of order: search the page's exceptions again
+            }
+            while *next < n && page.exception_row(*next) < i {
+                *next += 1;
+            }
+            out.push(if *next < n && page.exception_row(*next) == i {
+                page.exception_value(*next)
+            } else {
+                page.packed(i)
+            });
         }
         Ok(out)
     }
@@ -321,6 +320,9 @@ mod tests {
         let rows: Vec<u32> = (0..values.len() as u32).filter(|r| r % 3 != 1).collect();
         let want: Vec<i64> = rows.iter().map(|r| values[*r as usize]).collect();
         assert_eq!(chunk.pick(rows.into_iter()).unwrap(), want);
+        let backwards: Vec<u32> = (0..values.len() as u32).rev().step_by(5).collect();
+        let want: Vec<i64> = backwards.iter().map(|r| values[*r as usize]).collect();
+        assert_eq!(chunk.pick(backwards.into_iter()).unwrap(), want);
         bytes
     }
 
