@@ -172,6 +172,32 @@ impl Page<'_> {
         self.base.wrapping_add(bits as i64)
     }
 
+    /// Appends every packed value of the page (zero in exceptions' slots), word by word.
+    fn unpack_into(&self, out: &mut Vec<i64>) {
+        let (base, w) = (self.base, self.width);
+        if w == 0 {
+            out.extend(std::iter::repeat_n(base, self.len as usize));
+            return;
+        }
+        let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
+        let mut words = self
+            .words
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        // bits not yet consumed, lowest first
+        let (mut acc, mut have) = (0u128, 0u32);
+        out.extend((0..self.len).map(|_| {
+            if have < w {
+                acc |= u128::from(words.next().unwrap_or(0)) << have;
+                have += 64;
+            }
+            let bits = acc as u64 & mask;
+            acc >>= w;
+            have -= w;
+            base.wrapping_add(bits as i64)
+        }));
+    }
+
     fn exceptions(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
         self.exception_rows
             .chunks_exact(2)
@@ -268,7 +294,7 @@ impl<'a> Packed<'a> {
         for p in 0..self.pages {
             let page = self.page(p)?;
             let at = out.len();
-            out.extend((0..page.len).map(|i| page.packed(i)));
+            page.unpack_into(&mut out);
             for (r, v) in page.exceptions() {
                 out[at + r as usize] = v;
             }

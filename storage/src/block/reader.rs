@@ -355,41 +355,32 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let gaps = downcast::<Int64Array>(&gaps, col::START)?.values();
         let durations = self.required(col::DURATION, &widened)?;
         let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
-        let row_numbers = widened.iter(total);
-        let trace_ids;
-        let mut run_start: Box<dyn FnMut(usize, u32) -> bool> = match runs {
+        let starts = match runs {
             // trace runs from the block's summaries: no trace id is decoded
             Some(runs) => {
-                let mut next = 0usize;
-                Box::new(move |_, row| {
-                    let starts = &runs.starts;
+                let (starts, mut next) = (&runs.starts, 0usize);
+                let run_start = |_, row| {
                     while next < starts.len() && starts[next] < row {
                         next += 1;
                     }
                     next < starts.len() && starts[next] == row
-                })
+                };
+                match &widened {
+                    Rows::All => rebuild_starts(0..total, gaps, durations, run_start),
+                    Rows::Range(from, len) => {
+                        rebuild_starts(*from..from + len, gaps, durations, run_start)
+                    }
+                    Rows::Set(set) => rebuild_starts(set.iter(), gaps, durations, run_start),
+                }
             }
             None => {
-                trace_ids = self.required(col::TRACE_ID, &widened)?;
+                let trace_ids = self.required(col::TRACE_ID, &widened)?;
                 let ids = downcast::<FixedSizeBinaryArray>(&trace_ids, col::TRACE_ID)?;
-                Box::new(move |i, _| i == 0 || ids.value(i) != ids.value(i - 1))
+                rebuild_starts(widened.iter(total), gaps, durations, |i, _| {
+                    i == 0 || ids.value(i) != ids.value(i - 1)
+                })
             }
         };
-        let mut starts = Vec::with_capacity(gaps.len());
-        let mut prev_end = 0i64;
-        for ((i, row), (&gap, &duration)) in row_numbers
-            .enumerate()
-            .zip(gaps.iter().zip(durations.iter()))
-        {
-            let start = if i == 0 || row % page == 0 || run_start(i, row) {
-                gap
-            } else {
-                prev_end + gap
-            };
-            prev_end = start + duration;
-            starts.push(start);
-        }
-        drop(run_start);
         let wanted = match (rows, &widened) {
             (Rows::All, _) => return Ok((starts, durations.to_vec())),
             (Rows::Range(start, len), Rows::Range(from, _)) => {
@@ -681,6 +672,30 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 }
 
 /// One row's attributes from the typed columns and the blob columns.
+/// Absolute start times from gaps: a row starts at its gap when it is the first of the rows,
+/// of a page, or of a trace run (`run_start(i, row)`), else at the gap after the previous row's
+/// end.
+fn rebuild_starts(
+    rows: impl Iterator<Item = u32>,
+    gaps: &[i64],
+    durations: &[i64],
+    mut run_start: impl FnMut(usize, u32) -> bool,
+) -> Vec<i64> {
+    let page = PAGE_ROWS as u32;
+    let mut starts = Vec::with_capacity(gaps.len());
+    let mut prev_end = 0i64;
+    for ((i, row), (&gap, &duration)) in rows.enumerate().zip(gaps.iter().zip(durations)) {
+        let start = if i == 0 || row % page == 0 || run_start(i, row) {
+            gap
+        } else {
+            prev_end + gap
+        };
+        prev_end = start + duration;
+        starts.push(start);
+    }
+    starts
+}
+
 /// The rows whose start times rebuild those of `set`: each row back to the first row of its
 /// trace run (`run_starts`, ascending) or of its page, whichever is later, since both hold an
 /// absolute time and every row after them a gap.
