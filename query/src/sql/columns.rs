@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use arrow::array::{
     Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
-    Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, TimestampNanosecondArray,
+    Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, StringViewArray,
+    TimestampNanosecondArray,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
@@ -154,6 +155,12 @@ impl SpanColumns {
                 SpanCol::StartTime | SpanCol::EndTime => (timestamp_type(), false),
                 SpanCol::DurationNs | SpanCol::Flags => (DataType::Int64, false),
                 SpanCol::ParentSpanId => (DataType::Utf8, true),
+                // few distinct values, grouped and compared by most queries: string views, which
+                // point into one copy of each value (or hold it inline) instead of copying it
+                // per row
+                SpanCol::ServiceName | SpanCol::Name | SpanCol::Kind | SpanCol::StatusCode => {
+                    (DataType::Utf8View, false)
+                }
                 _ => (DataType::Utf8, false),
             };
             fields.push(Field::new(*name, ty, nullable));
@@ -479,10 +486,8 @@ pub fn read_block<S: ChunkSource>(
                     .ok_or_else(|| DataFusionError::Internal(format!("{name}: unexpected type")))?;
                 hex_column(a)
             }
-            SpanCol::ServiceName => {
-                conform(required(reader, col::SERVICE, rows)?, &DataType::Utf8)?
-            }
-            SpanCol::Name => conform(required(reader, col::NAME, rows)?, &DataType::Utf8)?,
+            SpanCol::ServiceName => views(reader, col::SERVICE, rows)?,
+            SpanCol::Name => views(reader, col::NAME, rows)?,
             SpanCol::StatusMessage => conform(
                 required(reader, col::STATUS_MESSAGE, rows)?,
                 &DataType::Utf8,
@@ -492,13 +497,13 @@ pub fn read_block<S: ChunkSource>(
             }
             SpanCol::Kind => {
                 let k = reader.ints(col::KIND, rows).map_err(s)?;
-                Arc::new(StringArray::from_iter_values(
+                Arc::new(StringViewArray::from_iter_values(
                     k.iter().map(|k| kind_str(SpanKind::from_u8(*k as u8))),
                 ))
             }
             SpanCol::StatusCode => {
                 let c = reader.ints(col::STATUS_CODE, rows).map_err(s)?;
-                Arc::new(StringArray::from_iter_values(
+                Arc::new(StringViewArray::from_iter_values(
                     c.iter().map(|c| StatusCode::from_u8(*c as u8).as_str()),
                 ))
             }
@@ -603,6 +608,15 @@ fn required<S: ChunkSource>(
         .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
 }
 
+/// A core string column as string views, straight from its dictionary pages.
+fn views<S: ChunkSource>(reader: &BlockReader<'_, S>, name: &str, rows: &Rows) -> Result<ArrayRef> {
+    let array = reader
+        .string_views(name, rows)
+        .map_err(storage_err)?
+        .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))?;
+    conform(array, &DataType::Utf8View)
+}
+
 fn other_attributes<S: ChunkSource>(
     reader: &BlockReader<'_, S>,
     rows: &Rows,
@@ -665,6 +679,9 @@ pub fn read_rows(
     let strs = |f: &dyn Fn(&SpanRecord) -> &str| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(|r| f(r))))
     };
+    let views = |f: &dyn Fn(&SpanRecord) -> &str| -> ArrayRef {
+        Arc::new(StringViewArray::from_iter_values(rows.iter().map(|r| f(r))))
+    };
     let mut out = Vec::with_capacity(projection.len());
     for &p in projection {
         let field = columns.schema.field(p);
@@ -672,10 +689,10 @@ pub fn read_rows(
             SpanCol::TraceId => hex(&|r| Some(r.trace_id.to_hex())),
             SpanCol::SpanId => hex(&|r| Some(r.span_id.to_hex())),
             SpanCol::ParentSpanId => hex(&|r| r.parent_span_id.map(|p| p.to_hex())),
-            SpanCol::ServiceName => strs(&|r| r.service_name()),
-            SpanCol::Name => strs(&|r| &r.name),
-            SpanCol::Kind => strs(&|r| kind_str(r.kind)),
-            SpanCol::StatusCode => strs(&|r| r.status_code.as_str()),
+            SpanCol::ServiceName => views(&|r| r.service_name()),
+            SpanCol::Name => views(&|r| &r.name),
+            SpanCol::Kind => views(&|r| kind_str(r.kind)),
+            SpanCol::StatusCode => views(&|r| r.status_code.as_str()),
             SpanCol::StatusMessage => strs(&|r| &r.status_message),
             SpanCol::TraceState => strs(&|r| &r.trace_state),
             SpanCol::ScopeName => strs(&|r| &r.scope.name),

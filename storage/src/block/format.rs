@@ -326,6 +326,26 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Parses a chunk's footer and page locations.
+pub fn load_metadata(bytes: &Bytes) -> Result<ArrowReaderMetadata> {
+    // Only the offset index (page locations) is written; it lets a selection skip pages.
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    Ok(ArrowReaderMetadata::load(bytes, options)?)
+}
+
+/// The same footer, read so that a string column decodes as string views: values of a
+/// dictionary page are then shared by the rows instead of copied into each.
+pub fn as_string_views(metadata: &ArrowReaderMetadata) -> Result<ArrowReaderMetadata> {
+    let field = Field::new("v", arrow::datatypes::DataType::Utf8View, true);
+    let options = ArrowReaderOptions::new()
+        .with_offset_index_policy(PageIndexPolicy::Optional)
+        .with_schema(Arc::new(Schema::new(vec![field])));
+    Ok(ArrowReaderMetadata::try_new(
+        metadata.metadata().clone(),
+        options,
+    )?)
+}
+
 /// Decodes a column chunk, optionally only the selected rows (only their pages are read).
 pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<ArrayRef> {
     Ok(decode_chunk_with(bytes, selection, None)?.0)
@@ -341,12 +361,7 @@ pub fn decode_chunk_with(
 ) -> Result<(ArrayRef, ArrowReaderMetadata)> {
     let metadata = match metadata {
         Some(m) => m,
-        // Only the offset index (page locations) is written; it lets a selection skip pages.
-        None => {
-            let options =
-                ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-            ArrowReaderMetadata::load(&bytes, options)?
-        }
+        None => load_metadata(&bytes)?,
     };
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata.clone());
     let rows = builder.metadata().file_metadata().num_rows().max(1) as usize;

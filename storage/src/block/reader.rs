@@ -11,7 +11,9 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
 
-use super::format::{BlockMeta, ColumnKind, PAGE_ROWS, Transform, decode_chunk_with};
+use super::format::{
+    BlockMeta, ColumnKind, PAGE_ROWS, Transform, as_string_views, decode_chunk_with, load_metadata,
+};
 use super::packed;
 use super::writer::{col, millis};
 use crate::codec::Reader;
@@ -158,6 +160,15 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 
     /// Decodes one column for the given rows; `None` when the block has no such column.
     pub fn column(&self, name: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
+        self.column_with(name, rows, false)
+    }
+
+    /// A string column as string views (see [`as_string_views`]).
+    pub fn string_views(&self, name: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
+        self.column_with(name, rows, true)
+    }
+
+    fn column_with(&self, name: &str, rows: &Rows, views: bool) -> Result<Option<ArrayRef>> {
         if self.meta.column(name).is_none() {
             return Ok(None);
         }
@@ -167,8 +178,19 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if packed::is_packed(&bytes) {
             return self.packed(name, &bytes, rows).map(Some);
         }
-        let cached = self.source.metadata(name);
-        let known = cached.is_some();
+        let metadata = match self.source.metadata(name) {
+            Some(m) => m,
+            None => {
+                let m = load_metadata(&bytes)?;
+                self.source.remember(name, &m);
+                m
+            }
+        };
+        let metadata = if views {
+            as_string_views(&metadata)?
+        } else {
+            metadata
+        };
         // A set of most of the block: decoding it whole and filtering beats a selection of
         // thousands of short runs.
         let dense = match rows {
@@ -180,10 +202,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         } else {
             rows.selection(self.meta.rows)
         };
-        let (mut array, metadata) = decode_chunk_with(bytes, selection, cached)?;
-        if !known {
-            self.source.remember(name, &metadata);
-        }
+        let (mut array, _) = decode_chunk_with(bytes, selection, Some(metadata))?;
         if let (true, Rows::Set(set)) = (dense, rows) {
             let mask = self.mask_of(set);
             if mask.len() == array.len() {
