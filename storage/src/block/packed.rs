@@ -60,6 +60,9 @@ fn choose(page: &[i64]) -> (i64, u8) {
     // width 64 always fits every value
     let mut best = (n * 64, sorted[0], 64u8);
     for width in 0..64u8 {
+        if n * u64::from(width) >= best.0 {
+            break; // this width and wider cost more than the best already found
+        }
         let window = 1i128 << width;
         let (mut i, mut most, mut most_at) = (0usize, 0usize, 0usize);
         for j in 0..sorted.len() {
