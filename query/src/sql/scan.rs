@@ -174,6 +174,10 @@ impl WeftScanExec {
     }
 }
 
+/// Blocks with at most this many selected rows are read on the scan's own task rather than on
+/// a blocking thread.
+const INLINE_READ_ROWS: usize = 1024;
+
 /// A copy of a column that holds much more memory than its rows use (a few rows decoded
 /// from pages whose buffers come along), so that operators keeping batches (a join's build
 /// side, a shared subplan) are charged for the rows, not the pages.
@@ -385,15 +389,30 @@ impl ExecutionPlan for WeftScanExec {
                         return Ok(Vec::new());
                     }
                     let t = this.clone();
-                    let columns = tokio::task::spawn_blocking(move || match work {
+                    let decode = move || match work {
                         Work::Head => t.source.read_head(&t.projection),
                         Work::Block(i) => t
                             .source
                             .read_block(&t.plan.blocks[i], &t.projection)
                             .map(|c| vec![c]),
-                    })
-                    .await
-                    .map_err(|e| DataFusionError::External(Box::new(e)))??;
+                    };
+                    // A few rows of a block (an index-served query) read in tens of
+                    // microseconds: handing them to a blocking thread costs about as much
+                    // again in wake-ups, once per block.
+                    let few = match work {
+                        Work::Block(i) => {
+                            let b = &this.plan.blocks[i];
+                            b.rows.len(b.meta.rows) <= INLINE_READ_ROWS
+                        }
+                        Work::Head => false,
+                    };
+                    let columns = if few {
+                        decode()?
+                    } else {
+                        tokio::task::spawn_blocking(decode)
+                            .await
+                            .map_err(|e| DataFusionError::External(Box::new(e)))??
+                    };
                     let mut batches = Vec::new();
                     if matches!(work, Work::Block(_)) {
                         read.add(1);
