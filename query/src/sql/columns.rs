@@ -617,6 +617,18 @@ fn views<S: ChunkSource>(reader: &BlockReader<'_, S>, name: &str, rows: &Rows) -
     conform(array, &DataType::Utf8View)
 }
 
+/// A head row's value of dedicated column `i`, as a block stores it (and indexes it): the first
+/// value sent under the column's name or alias that has the column's type.
+pub fn dedicated_value(r: &SpanRecord, i: usize) -> Option<&Value> {
+    r.attributes
+        .iter()
+        .find(|kv| {
+            dedicated_for(&kv.key).is_some_and(|(j, _)| j == i)
+                && ColumnType::of(&kv.value) == Some(DEDICATED[i].ty)
+        })
+        .map(|kv| &kv.value)
+}
+
 fn other_attributes<S: ChunkSource>(
     reader: &BlockReader<'_, S>,
     rows: &Rows,
@@ -713,22 +725,10 @@ pub fn read_rows(
             SpanCol::Flags => Arc::new(Int64Array::from_iter_values(
                 rows.iter().map(|r| r.flags as i64),
             )),
-            SpanCol::Dedicated(i) => {
-                let d = &DEDICATED[*i];
-                values_column(
-                    field.data_type(),
-                    rows.iter().map(|r| {
-                        // as a block stores it: the first value of the column's type
-                        r.attributes
-                            .iter()
-                            .find(|kv| {
-                                dedicated_for(&kv.key).is_some_and(|(j, _)| j == *i)
-                                    && ColumnType::of(&kv.value) == Some(d.ty)
-                            })
-                            .map(|kv| kv.value.clone())
-                    }),
-                )
-            }
+            SpanCol::Dedicated(i) => values_column(
+                field.data_type(),
+                rows.iter().map(|r| dedicated_value(r, *i).cloned()),
+            ),
             SpanCol::Dynamic(key, ty) => {
                 values_column(ty, rows.iter().map(|r| r.attribute(key).cloned()))
             }

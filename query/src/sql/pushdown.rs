@@ -18,7 +18,7 @@ use weft_storage::model::{SpanRecord, TenantId, TraceId};
 use weft_storage::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 use weft_storage::store::Snapshot;
 
-use super::columns::{SpanCol, SpanColumns};
+use super::columns::{SpanCol, SpanColumns, dedicated_value};
 
 /// What a query's filters let the store skip. Bounds are inclusive, in Unix nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -139,8 +139,8 @@ impl Pushdown {
             exact.then_some(c)
         };
         // every value a literal of the column's own kind (text for text, integer for integer)
-        let values = |c: &SpanCol, mut values: std::slice::Iter<'_, Expr>| {
-            values.all(|v| {
+        fn values_fit<'e>(c: &SpanCol, values: impl IntoIterator<Item = &'e Expr>) -> bool {
+            values.into_iter().all(|v| {
                 literal(v).is_some_and(|v| match c {
                     SpanCol::Dedicated(i) if DEDICATED[*i].ty == ColumnType::Int => {
                         term(c, v).is_some()
@@ -148,17 +148,15 @@ impl Pushdown {
                     _ => text(v).is_some(),
                 })
             })
-        };
+        }
         match e {
             Expr::BinaryExpr(BinaryExpr {
                 left,
                 op: Operator::Eq,
                 right,
             }) => match (plain_column(left), plain_column(right)) {
-                (Some(c), None) => exact_col(c)
-                    .is_some_and(|c| values(c, std::slice::from_ref(right.as_ref()).iter())),
-                (None, Some(c)) => exact_col(c)
-                    .is_some_and(|c| values(c, std::slice::from_ref(left.as_ref()).iter())),
+                (Some(c), None) => exact_col(c).is_some_and(|c| values_fit(c, [right.as_ref()])),
+                (None, Some(c)) => exact_col(c).is_some_and(|c| values_fit(c, [left.as_ref()])),
                 _ => false,
             },
             Expr::InList(InList {
@@ -167,7 +165,7 @@ impl Pushdown {
                 negated: false,
             }) => plain_column(expr)
                 .and_then(exact_col)
-                .is_some_and(|c| values(c, list.iter())),
+                .is_some_and(|c| values_fit(c, list)),
             _ => false,
         }
     }
@@ -345,16 +343,11 @@ impl Pushdown {
                 DIM_SERVICE => Some(r.service_name().to_owned()),
                 DIM_NAME => Some(r.name.clone()),
                 DIM_STATUS => Some(r.status_code.as_str().to_owned()),
-                d => {
-                    let i = DEDICATED.iter().position(|x| x.name == d);
-                    r.attributes
-                        .iter()
-                        .find(|kv| {
-                            weft_storage::schema::dedicated_for(&kv.key).map(|x| x.0) == i
-                                && ColumnType::of(&kv.value) == i.map(|i| DEDICATED[i].ty)
-                        })
-                        .and_then(|kv| kv.value.as_term())
-                }
+                d => DEDICATED
+                    .iter()
+                    .position(|x| x.name == d)
+                    .and_then(|i| dedicated_value(r, i))
+                    .and_then(|v| v.as_term()),
             };
             have.is_some_and(|h| terms.contains(&h))
         })

@@ -314,7 +314,8 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
         Enc::Split => props
             .set_dictionary_enabled(false)
             .set_encoding(Encoding::BYTE_STREAM_SPLIT),
-        Enc::Plain | Enc::Packed => props.set_dictionary_enabled(false),
+        Enc::Plain => props.set_dictionary_enabled(false),
+        Enc::Packed => unreachable!("bit-packed chunks return above"),
     };
     let options = ArrowWriterOptions::new()
         .with_properties(props.build())

@@ -202,15 +202,7 @@ impl Page<'_> {
     }
 
     fn exceptions(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
-        self.exception_rows
-            .chunks_exact(2)
-            .zip(self.exception_values.chunks_exact(8))
-            .map(|(r, v)| {
-                (
-                    u32::from(u16::from_le_bytes(r.try_into().expect("2 bytes"))),
-                    i64::from_le_bytes(v.try_into().expect("8 bytes")),
-                )
-            })
+        (0..self.exception_count()).map(|k| (self.exception_row(k), self.exception_value(k)))
     }
 
     fn exception_count(&self) -> usize {

@@ -350,19 +350,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             // most of the block: all of it
             Rows::Set(set) if set.len() * 2 > u64::from(total) => Rows::All,
             Rows::Set(set) => {
-                let whole = match &runs {
-                    // each row back to its trace's first row or its page's, whichever is later
-                    Some(runs) => back_to_absolute(set, &runs.starts, page),
-                    None => {
-                        let mut whole = RoaringBitmap::new();
-                        let mut pages: Vec<u32> = set.iter().map(|r| r / page).collect();
-                        pages.dedup();
-                        for p in pages {
-                            whole.insert_range(p * page..((p + 1) * page).min(total));
-                        }
-                        whole
-                    }
-                };
+                // each row back to its trace's first row or its page's, whichever is later
+                // (its page's when the trace runs are unknown)
+                let run_starts = runs.as_ref().map_or(&[][..], |r| &r.starts[..]);
+                let whole = back_to_absolute(set, run_starts, page);
                 if whole.len() * 2 > u64::from(total) {
                     Rows::All
                 } else {
@@ -690,7 +681,6 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 }
 
-/// One row's attributes from the typed columns and the blob columns.
 /// Absolute start times from gaps: a row starts at its gap when it is the first of the rows,
 /// of a page, or of a trace run (`run_start(i, row)`), else at the gap after the previous row's
 /// end.
@@ -748,6 +738,7 @@ fn back_to_absolute(set: &RoaringBitmap, run_starts: &[u32], page: u32) -> Roari
     whole
 }
 
+/// One row's attributes from the typed columns and the blob columns.
 fn collect_attributes(
     attr_cols: &[AttrColumn],
     alias_mask: i64,
