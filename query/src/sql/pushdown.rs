@@ -108,7 +108,9 @@ impl Pushdown {
     /// its column): `=` / `IN` on service name, span name, status code and the indexed dedicated
     /// columns of text or integer type, whose postings hold exactly the rows whose column has
     /// each value, in blocks and head alike (see [`Self::row_matches`]). A dedicated value of
-    /// another type is neither in the column nor in the postings.
+    /// another type is neither in the column nor in the postings. Trace ids too: the trace-id
+    /// index is keyed by the whole id and gives each block's run of the trace's rows, and a
+    /// text that is not 32 lower-case hex digits (the only form stored) selects nothing.
     pub fn exact(columns: &SpanColumns, e: &Expr) -> bool {
         fn plain_column(e: &Expr) -> Option<&str> {
             match e {
@@ -129,7 +131,9 @@ impl Pushdown {
         let exact_col = |c: &str| {
             let c = &columns.cols[columns.index_of(c)?];
             let exact = match c {
-                SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode => true,
+                SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode | SpanCol::TraceId => {
+                    true
+                }
                 SpanCol::Dedicated(i) => {
                     let d = &DEDICATED[*i];
                     d.indexed && matches!(d.ty, ColumnType::Str | ColumnType::Int)

@@ -48,6 +48,12 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>>;
     /// Rows of the head the scan will read (for EXPLAIN).
     fn head_rows(&self) -> usize;
+    /// Whether each selected row (of a block or the head) is one output row, so that the
+    /// selected counts are the scan's exact row count (not so for a table with a row per
+    /// event of a span).
+    fn row_per_selected_row(&self) -> bool {
+        false
+    }
     /// Extra text for EXPLAIN (the pushed filters).
     fn describe(&self) -> String;
     /// Everything that decides what the scan reads (beyond table and projection), complete:
@@ -89,9 +95,16 @@ impl WeftScanExec {
             None => (0..full.fields().len()).collect(),
         };
         let schema = Arc::new(full.project(&projection)?);
+        let small = plan.rows_selected.saturating_add(source.head_rows() as u64) <= SMALL_SCAN_ROWS;
         let mut works = vec![Work::Head];
         works.extend((0..plan.blocks.len()).map(Work::Block));
-        let n = target_partitions.clamp(1, works.len());
+        // a scan of few rows (an index-served lookup) is one partition: splitting it buys no
+        // parallelism and costs the plan a merge or a repartition
+        let n = if small {
+            1
+        } else {
+            target_partitions.clamp(1, works.len())
+        };
         let mut partitions = vec![Vec::new(); n];
         for (i, w) in works.into_iter().enumerate() {
             partitions[i % n].push(w);
@@ -173,6 +186,9 @@ impl WeftScanExec {
         })
     }
 }
+
+/// Scans selecting at most this many rows (at most one batch) run as one partition.
+const SMALL_SCAN_ROWS: u64 = 8192;
 
 /// Blocks with at most this many selected rows are read on the scan's own task rather than on
 /// a blocking thread.
@@ -345,9 +361,19 @@ impl ExecutionPlan for WeftScanExec {
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.schema);
-        // an upper bound (filters DataFusion re-checks may drop rows): lets the planner put
-        // the small side of a join on the build side and collect it once
-        stats.num_rows = Precision::Inexact(self.rows_of(partition));
+        // The scan emits every row it selected: exact unless a limit or a parent's filter may
+        // stop it early (filters DataFusion re-checks drop rows above the scan, not in it).
+        // Lets the planner put the small side of a join on the build side, and leave a scan
+        // of a few rows unsplit.
+        let rows = self.rows_of(partition);
+        stats.num_rows = if self.source.row_per_selected_row()
+            && self.limit.is_none()
+            && self.parent_filters.is_empty()
+        {
+            Precision::Exact(rows)
+        } else {
+            Precision::Inexact(rows)
+        };
         Ok(Arc::new(stats))
     }
 

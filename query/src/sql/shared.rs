@@ -17,11 +17,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, RecordBatch};
 use datafusion::common::Statistics;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -29,7 +30,9 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::execution_plan::{
+    ChildrenPropertiesMode, ReplaceChildrenOptions, reset_plan_states,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
@@ -149,7 +152,7 @@ fn share(
         return Ok(node);
     };
     let node = without_parent_filters(node)?;
-    let state = Arc::new(SharedState::new(node.clone(), states.len() + 1));
+    let state = Arc::new(SharedState::new(node.clone(), states.len() + 1)?);
     states.insert(key, state.clone());
     Ok(Arc::new(SharedExec::new(node, state)))
 }
@@ -166,36 +169,43 @@ fn without_parent_filters(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
     .map(|t| t.data)
 }
 
-/// What running the shared copy of one partition gave.
+/// What running the shared copy gave.
 enum Outcome {
-    /// The batches, until every consumer has taken them.
+    /// Every partition's batches, each until every consumer has taken it.
     Kept {
-        batches: Mutex<Option<Vec<RecordBatch>>>,
-        /// Consumers that have not read the partition yet.
-        waiting: AtomicUsize,
-        reservation: Mutex<Option<MemoryReservation>>,
+        partitions: Vec<KeptPartition>,
+        reservation: Mutex<MemoryReservation>,
     },
     /// The batches would not fit in the query's memory: consumers run their own copies.
     TooLarge,
 }
 
+struct KeptPartition {
+    batches: Mutex<Option<Vec<RecordBatch>>>,
+    bytes: usize,
+    /// Consumers that have not read the partition yet.
+    waiting: AtomicUsize,
+}
+
 impl Outcome {
-    /// One consumer's read: the batches, dropped (and their memory released) after the last
-    /// consumer's read; `None` when they are gone or were never kept.
-    fn take(&self) -> Option<Vec<RecordBatch>> {
+    /// One consumer's read of a partition: the batches, dropped (and their memory released)
+    /// after the last consumer's read; `None` when they were never kept.
+    fn take(&self, partition: usize) -> Option<Vec<RecordBatch>> {
         let Outcome::Kept {
-            batches,
-            waiting,
+            partitions,
             reservation,
         } = self
         else {
             return None;
         };
-        let mut kept = batches.lock().unwrap_or_else(|e| e.into_inner());
+        let p = partitions.get(partition)?;
+        let mut kept = p.batches.lock().unwrap_or_else(|e| e.into_inner());
         let out = kept.clone();
-        if waiting.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            *kept = None;
-            reservation.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if p.waiting.fetch_sub(1, Ordering::AcqRel) <= 1 && kept.take().is_some() {
+            reservation
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .shrink(p.bytes);
         }
         out
     }
@@ -206,44 +216,92 @@ type Cell = OnceCell<std::result::Result<Arc<Outcome>, Arc<DataFusionError>>>;
 struct SharedState {
     id: usize,
     consumers: AtomicUsize,
-    /// The copy that runs.
+    /// The copy that runs: one of its own, never a consumer's fallback, since a plan's
+    /// partitions may not run twice (a repartition's channels are used once).
     plan: Arc<dyn ExecutionPlan>,
-    partitions: Vec<Cell>,
+    outcome: Cell,
 }
 
 impl SharedState {
-    fn new(plan: Arc<dyn ExecutionPlan>, id: usize) -> Self {
-        let n = plan.properties().partitioning.partition_count();
-        Self {
+    fn new(plan: Arc<dyn ExecutionPlan>, id: usize) -> Result<Self> {
+        Ok(Self {
             id,
             consumers: AtomicUsize::new(1),
-            plan,
-            partitions: (0..n).map(|_| OnceCell::new()).collect(),
-        }
+            plan: reset_plan_states(plan)?,
+            outcome: OnceCell::new(),
+        })
     }
 
-    async fn run(&self, partition: usize, context: Arc<TaskContext>) -> Result<Outcome> {
-        let mut stream = self.plan.execute(partition, context.clone())?;
-        let reservation =
-            MemoryConsumer::new(format!("SharedExec[{}]", self.id)).register(context.memory_pool());
-        let mut batches = Vec::new();
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            // the batch's own share of its buffers (scans hand out slices of larger arrays)
-            let bytes: usize = batch
-                .columns()
-                .iter()
-                .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-                .sum();
-            if reservation.try_grow(bytes).is_err() {
-                return Ok(Outcome::TooLarge);
+    /// Runs every partition of the shared copy, each on a task of its own, and keeps all
+    /// their batches, or none: whether they fit is decided for the whole copy, so that every
+    /// consumer reads either the shared partitions or its own copy's, never a mix (a
+    /// repartition need not send the same rows to the same partition twice).
+    async fn run(&self, context: Arc<TaskContext>) -> Result<Outcome> {
+        let reservation = Arc::new(Mutex::new(
+            MemoryConsumer::new(format!("SharedExec[{}]", self.id)).register(context.memory_pool()),
+        ));
+        let too_large = Arc::new(AtomicBool::new(false));
+        let n = self.plan.properties().partitioning.partition_count();
+        let tasks: Vec<_> = (0..n)
+            .map(|partition| {
+                let plan = self.plan.clone();
+                let context = context.clone();
+                let reservation = reservation.clone();
+                let too_large = too_large.clone();
+                SpawnedTask::spawn(async move {
+                    let mut stream = plan.execute(partition, context)?;
+                    let mut batches = Vec::new();
+                    let mut total = 0;
+                    while let Some(batch) = stream.next().await {
+                        if too_large.load(Ordering::Relaxed) {
+                            return Ok(None);
+                        }
+                        let batch = batch?;
+                        // the batch's own share of its buffers (scans hand out slices of
+                        // larger arrays)
+                        let bytes: usize = batch
+                            .columns()
+                            .iter()
+                            .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+                            .sum();
+                        let grown = reservation
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .try_grow(bytes);
+                        if grown.is_err() {
+                            too_large.store(true, Ordering::Relaxed);
+                            return Ok(None);
+                        }
+                        total += bytes;
+                        batches.push(batch);
+                    }
+                    Ok::<_, DataFusionError>(Some((batches, total)))
+                })
+            })
+            .collect();
+        let consumers = self.consumers.load(Ordering::Relaxed);
+        let mut partitions = Vec::with_capacity(n);
+        for task in tasks {
+            let kept = task
+                .join_unwind()
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))??;
+            if let Some((batches, bytes)) = kept {
+                partitions.push(KeptPartition {
+                    batches: Mutex::new(Some(batches)),
+                    bytes,
+                    waiting: AtomicUsize::new(consumers),
+                });
             }
-            batches.push(batch);
         }
+        if too_large.load(Ordering::Relaxed) {
+            return Ok(Outcome::TooLarge);
+        }
+        let reservation = Arc::try_unwrap(reservation)
+            .map_err(|_| DataFusionError::Internal("SharedExec: a partition still runs".into()))?;
         Ok(Outcome::Kept {
-            batches: Mutex::new(Some(batches)),
-            waiting: AtomicUsize::new(self.consumers.load(Ordering::Relaxed)),
-            reservation: Mutex::new(Some(reservation)),
+            partitions,
+            reservation,
         })
     }
 }
@@ -339,16 +397,17 @@ impl ExecutionPlan for SharedExec {
         let state = self.state.clone();
         let own = self.input.clone();
         let schema = self.input.schema();
-        if partition >= state.partitions.len() {
+        if partition >= self.input.properties().partitioning.partition_count() {
             return Err(DataFusionError::Internal(format!(
                 "SharedExec: no partition {partition}"
             )));
         }
         let stream = futures::stream::once(async move {
-            let outcome = state.partitions[partition]
+            let outcome = state
+                .outcome
                 .get_or_init(|| async {
                     state
-                        .run(partition, context.clone())
+                        .run(context.clone())
                         .await
                         .map(Arc::new)
                         .map_err(Arc::new)
@@ -356,7 +415,7 @@ impl ExecutionPlan for SharedExec {
                 .await
                 .clone()
                 .map_err(DataFusionError::Shared)?;
-            let batches: SendableRecordBatchStream = match outcome.take() {
+            let batches: SendableRecordBatchStream = match outcome.take(partition) {
                 Some(batches) => Box::pin(RecordBatchStreamAdapter::new(
                     own.schema(),
                     futures::stream::iter(batches.into_iter().map(Ok)),

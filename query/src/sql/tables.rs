@@ -168,6 +168,9 @@ impl ScanSource for SpansSource {
     fn head_rows(&self) -> usize {
         self.head.len()
     }
+    fn row_per_selected_row(&self) -> bool {
+        true
+    }
     fn describe(&self) -> String {
         if self.ctx.pushdown {
             self.pushdown.to_string()

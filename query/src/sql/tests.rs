@@ -282,6 +282,19 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT name, status_code, count(*) FROM spans WHERE name IN ('POST /v1/chat/completions', 'llm.generate') AND status_code IN ('OK', 'ERROR') GROUP BY 1, 2".into(),
         "SELECT span_id FROM spans WHERE service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 3".into(),
         "SELECT count(*) FROM spans WHERE name = 'no-such-span'".into(),
+        // counts answered from the scan's exact row count, without reading a row
+        "SELECT count(*) FROM spans".into(),
+        format!(
+            "SELECT count(*) FROM spans WHERE trace_id IN ('{}', '{}') AND name <> 'nothing'",
+            some.trace_id.to_hex(),
+            other.trace_id.to_hex()
+        ),
+        // a trace id in capitals equals no stored (lower-case) id
+        format!(
+            "SELECT count(*) FROM spans WHERE trace_id = '{}' OR trace_id = '{}'",
+            some.trace_id.to_hex().to_uppercase(),
+            other.trace_id.to_hex()
+        ),
         // a common table expression used several times: computed once when optimised
         "WITH g AS (SELECT trace_id, \"llm.model_version\" AS v FROM spans WHERE name = 'llm.generate'), \
          d AS (SELECT trace_id, duration_ns FROM spans WHERE name = 'llm.decode.token'), \
@@ -403,7 +416,7 @@ fn explain_shows_what_was_pushed() {
         assert!(text.contains("blocks=1/"), "{text}");
         let plan = rows(
             &f,
-            "EXPLAIN SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v3'",
+            "EXPLAIN SELECT span_id FROM spans WHERE \"llm.model_version\" = 'v3'",
             true,
         )
         .await
@@ -415,6 +428,26 @@ fn explain_shows_what_was_pushed() {
             .join("\n");
         assert!(
             text.contains("postings llm.model_version IN (v3)"),
+            "{text}"
+        );
+        // exact filters only: the postings' row count is the answer, no row is read
+        let plan = rows(
+            &f,
+            &format!(
+                "EXPLAIN SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v3' AND trace_id = '{}'",
+                some.trace_id.to_hex()
+            ),
+            true,
+        )
+        .await
+        .unwrap();
+        let text = plan
+            .iter()
+            .map(|r| r.join(" "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("PlaceholderRowExec") && !text.contains("WeftScan"),
             "{text}"
         );
         let plan = rows(&f, "EXPLAIN SELECT name FROM spans", true)
