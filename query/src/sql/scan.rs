@@ -1,17 +1,23 @@
 //! The physical scan of Weft's tables: reads the blocks a [`ScanPlan`] chose (newest first,
 //! spread over partitions) and the head rows, decoding column chunks on blocking threads.
 //!
-//! Filters that parent operators push at execution-plan level (the dynamic filter of a TopK
-//! for `ORDER BY start_time DESC LIMIT n`, or a FilterExec's predicate) are kept and checked
-//! against each block's time range before it is read: once the TopK holds n rows newer than a
-//! block's newest span, that block is skipped. They are never reported as applied, so the
-//! parent still evaluates them row by row.
+//! Filters that parent operators push at execution-plan level are of two kinds:
+//! - a FilterExec's predicate (pushed before the plan is optimised): the scan applies it to
+//!   each block's rows, and the FilterExec goes away. Each block's matching rows then reach the
+//!   operator above at once, rather than after a filter has gathered a full batch from many
+//!   blocks; that is what lets a TopK's threshold skip blocks early.
+//! - a TopK's or a join's dynamic filter (pushed after): checked against each block's time
+//!   range before it is read (once the TopK holds n rows newer than a block's newest span,
+//!   that block is skipped), never reported as applied, so the parent still enforces it.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, TimestampNanosecondArray};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, TimestampNanosecondArray,
+};
+use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
@@ -56,6 +62,9 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     }
     /// Extra text for EXPLAIN (the pushed filters).
     fn describe(&self) -> String;
+    /// Whether the scan may use indexes and apply its parents' filters itself (off only to
+    /// check answers against plain plans).
+    fn pushdown(&self) -> bool;
     /// Everything that decides what the scan reads (beyond table and projection), complete:
     /// two scans of one query with equal keys return the same rows.
     fn share_key(&self) -> String;
@@ -75,7 +84,9 @@ pub struct WeftScanExec {
     schema: SchemaRef,
     partitions: Vec<Vec<Work>>,
     limit: Option<usize>,
-    /// Filters pushed by parent operators, checked per block against its time range.
+    /// Predicates of a parent FilterExec, applied to every row the scan emits.
+    row_filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// Dynamic filters pushed by parent operators, checked per block against its time range.
     parent_filters: Vec<Arc<dyn PhysicalExpr>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -122,26 +133,56 @@ impl WeftScanExec {
             schema,
             partitions,
             limit,
+            row_filters: Vec::new(),
             parent_filters: Vec::new(),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
-    /// What decides this scan's output: equal keys within one query mean equal rows (parent
+    /// What decides this scan's output: equal keys within one query mean equal rows (dynamic
     /// filters are left out: they only skip blocks, and shared scans drop them).
     pub fn share_key(&self) -> String {
         format!(
-            "WeftScan table={} projection={:?} limit={:?} {}",
+            "WeftScan table={} projection={:?} limit={:?} filter=[{}] {}",
             self.source.table(),
             self.projection,
             self.limit,
+            self.row_filters_text(),
             self.source.share_key()
         )
     }
 
-    /// The same scan without the filters parent operators pushed (for a scan whose output
-    /// several consumers share, so that no one consumer's filter decides what all see).
+    fn row_filters_text(&self) -> String {
+        self.row_filters
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// A batch's rows that pass the row filters.
+    fn apply_row_filters(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let mut batch = batch;
+        for f in &self.row_filters {
+            if batch.num_rows() == 0 {
+                break;
+            }
+            let keep = f.evaluate(&batch)?.into_array(batch.num_rows())?;
+            let keep = keep
+                .as_any()
+                .downcast_ref::<BooleanArray>()
+                .ok_or_else(|| {
+                    DataFusionError::Internal(format!("filter {f} is not a boolean expression"))
+                })?;
+            batch = filter_record_batch(&batch, keep)?;
+        }
+        Ok(batch)
+    }
+
+    /// The same scan without the dynamic filters parent operators pushed (for a scan whose
+    /// output several consumers share, so that no one consumer's filter decides what all see);
+    /// its row filters stay, being part of what it returns.
     pub fn without_parent_filters(&self) -> Self {
         let mut s = self.clone();
         s.parent_filters.clear();
@@ -168,9 +209,13 @@ impl WeftScanExec {
     }
 
     /// Whether a block may hold rows passing the parent filters, judged on its time range.
-    fn may_match(filters: &[Arc<dyn PhysicalExpr>], schema: &SchemaRef, work: &BlockWork) -> bool {
+    fn may_match<'a>(
+        mut filters: impl Iterator<Item = &'a Arc<dyn PhysicalExpr>>,
+        schema: &SchemaRef,
+        work: &BlockWork,
+    ) -> bool {
         let stats = BlockStats(work);
-        filters.iter().all(|f| {
+        filters.all(|f| {
             let Ok(current) = snapshot_physical_expr(f.clone()) else {
                 return true;
             };
@@ -282,6 +327,9 @@ impl DisplayAs for WeftScanExec {
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;
         }
+        if !self.row_filters.is_empty() {
+            write!(f, ", filter=[{}]", self.row_filters_text())?;
+        }
         if !self.parent_filters.is_empty() {
             write!(
                 f,
@@ -310,7 +358,7 @@ impl ExecutionPlan for WeftScanExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in &self.parent_filters {
+        for e in self.row_filters.iter().chain(&self.parent_filters) {
             if f(e)? == TreeNodeRecursion::Stop {
                 return Ok(TreeNodeRecursion::Stop);
             }
@@ -331,7 +379,7 @@ impl ExecutionPlan for WeftScanExec {
 
     fn handle_child_pushdown_result(
         &self,
-        _phase: FilterPushdownPhase,
+        phase: FilterPushdownPhase,
         child_pushdown_result: ChildPushdownResult,
         _config: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
@@ -348,9 +396,21 @@ impl ExecutionPlan for WeftScanExec {
             });
         }
         let mut node = self.clone();
-        node.parent_filters.extend(filters);
+        // before optimisation, a FilterExec's predicates: applied here, row by row; after, the
+        // dynamic filters of TopKs and joins: used to skip blocks, enforced by their owners
+        let applied = phase == FilterPushdownPhase::Pre && self.source.pushdown();
+        if applied {
+            node.row_filters.extend(filters);
+        } else {
+            node.parent_filters.extend(filters);
+        }
+        let outcome = if applied {
+            PushedDown::Yes
+        } else {
+            PushedDown::No
+        };
         Ok(FilterPushdownPropagation {
-            filters: vec![PushedDown::No; n],
+            filters: vec![outcome; n],
             updated_node: Some(Arc::new(node)),
         })
     }
@@ -361,13 +421,15 @@ impl ExecutionPlan for WeftScanExec {
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.schema);
-        // The scan emits every row it selected: exact unless a limit or a parent's filter may
-        // stop it early (filters DataFusion re-checks drop rows above the scan, not in it).
+        // The scan emits every row it selected: exact unless a limit, a row filter or a
+        // parent's dynamic filter may drop some (filters DataFusion re-checks drop rows above
+        // the scan, not in it).
         // Lets the planner put the small side of a join on the build side, and leave a scan
         // of a few rows unsplit.
         let rows = self.rows_of(partition);
         stats.num_rows = if self.source.row_per_selected_row()
             && self.limit.is_none()
+            && self.row_filters.is_empty()
             && self.parent_filters.is_empty()
         {
             Precision::Exact(rows)
@@ -404,9 +466,9 @@ impl ExecutionPlan for WeftScanExec {
                         return Ok(Vec::new());
                     }
                     if let Work::Block(i) = work
-                        && !this.parent_filters.is_empty()
+                        && !(this.parent_filters.is_empty() && this.row_filters.is_empty())
                         && !Self::may_match(
-                            &this.parent_filters,
+                            this.row_filters.iter().chain(&this.parent_filters),
                             &this.schema,
                             &this.plan.blocks[i],
                         )
@@ -445,7 +507,18 @@ impl ExecutionPlan for WeftScanExec {
                     }
                     for (rows, cols) in columns {
                         rows_read.add(rows);
-                        let cols = cols.into_iter().map(compact).collect::<Result<Vec<_>>>()?;
+                        let batch = this.apply_row_filters(RecordBatch::try_new_with_options(
+                            this.schema.clone(),
+                            cols,
+                            &RecordBatchOptions::new().with_row_count(Some(rows)),
+                        )?)?;
+                        let rows = batch.num_rows();
+                        let cols = batch
+                            .columns()
+                            .iter()
+                            .cloned()
+                            .map(compact)
+                            .collect::<Result<Vec<_>>>()?;
                         let batch = RecordBatch::try_new_with_options(
                             this.schema.clone(),
                             cols,

@@ -5,15 +5,15 @@
 //! that many times. [`ShareRepeatedSubplans`] runs after DataFusion's own physical optimizer,
 //! finds subtrees that occur more than once (same operators, same expressions, scans of the
 //! same snapshot with the same push-down) and replaces every occurrence with a [`SharedExec`]:
-//! the first consumer to ask for a partition runs one copy and keeps its batches, every other
-//! consumer reads those batches.
+//! the first consumer to ask for any partition runs one copy, all its partitions at once, and
+//! keeps their batches; every consumer reads those batches.
 //!
 //! Only subtrees whose leaves are all Weft scans are shared (two scans with equal keys read
 //! the same rows of the query's one snapshot), never ones that evaluate volatile functions.
-//! The kept batches are counted against the query's memory pool; when they would not fit, each
-//! consumer runs its own copy, as without sharing. Scans inside a shared subtree drop the
-//! filters parent operators pushed into them (a TopK's or a join's dynamic filter), which only
-//! skip blocks: one consumer's filter must not decide what the others see.
+//! The kept batches are counted against the query's memory pool; when they would not all fit,
+//! each consumer runs its own copy for every partition, as without sharing. Scans inside a
+//! shared subtree drop the dynamic filters parent operators pushed into them (a TopK's or a
+//! join's), which only skip blocks: one consumer's filter must not decide what the others see.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -97,12 +97,11 @@ fn fingerprint(
         if children.is_empty() || plan.is::<SharedExec>() {
             return None; // a leaf other than a Weft scan: its data is not identified
         }
-        let own = displayable(plan.as_ref()).one_line().to_string();
-        if VOLATILE.iter().any(|v| own.contains(v)) {
-            return None;
-        }
-        own
+        displayable(plan.as_ref()).one_line().to_string()
     };
+    if VOLATILE.iter().any(|v| key.contains(v)) {
+        return None; // a scan's row filter too
+    }
     for child in children {
         key.push('(');
         key.push_str(&child?);

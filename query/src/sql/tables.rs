@@ -171,6 +171,9 @@ impl ScanSource for SpansSource {
     fn row_per_selected_row(&self) -> bool {
         true
     }
+    fn pushdown(&self) -> bool {
+        self.ctx.pushdown
+    }
     fn describe(&self) -> String {
         if self.ctx.pushdown {
             self.pushdown.to_string()
@@ -452,6 +455,9 @@ impl ScanSource for NestedSource {
     }
     fn head_rows(&self) -> usize {
         self.head.len()
+    }
+    fn pushdown(&self) -> bool {
+        self.ctx.pushdown
     }
     fn describe(&self) -> String {
         if self.ctx.pushdown {
