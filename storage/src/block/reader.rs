@@ -7,6 +7,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, FixedSizeBinaryArray, Float64Array,
     Int64Array, ListArray, StringArray,
 };
+use arrow::buffer::ScalarBuffer;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
@@ -218,6 +219,29 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(array))
     }
 
+    /// The listed rows (ascending) of a column, when its chunk is bit-packed; `None` when it
+    /// is not.
+    fn packed_list(&self, name: &str, rows: &[u32]) -> Result<Option<Vec<i64>>> {
+        let Some(bytes) = self.source.chunk(name)? else {
+            return Ok(None);
+        };
+        if !packed::is_packed(&bytes) {
+            return Ok(None);
+        }
+        let chunk = packed::Packed::parse(&bytes)?;
+        if chunk.rows() != self.meta.rows {
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!(
+                    "{name}: {} rows in a block of {}",
+                    chunk.rows(),
+                    self.meta.rows
+                ),
+            ));
+        }
+        chunk.pick(rows.iter().copied()).map(Some)
+    }
+
     /// The given rows of a bit-packed chunk: a few rows are read one by one, most of the
     /// block whole and then picked.
     fn packed(&self, name: &str, bytes: &[u8], rows: &Rows) -> Result<ArrayRef> {
@@ -237,7 +261,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     .filter_map(|r| all.get(r as usize).copied())
                     .collect()
             }
-            _ => chunk.pick(rows.iter(total))?,
+            Rows::Set(set) => chunk.pick(set.iter())?,
+            Rows::Range(start, len) => chunk.pick(*start..start + len)?,
         };
         if values.len() != rows.len(total) {
             return Err(StorageError::corrupt(
@@ -361,10 +386,24 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 }
             }
         };
-        let gaps = self.required(col::START, &widened)?;
-        let gaps = downcast::<Int64Array>(&gaps, col::START)?.values();
-        let durations = self.required(col::DURATION, &widened)?;
-        let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
+        // a sparse widened set is walked several times below: once as a roaring bitmap, then
+        // as a plain list
+        let list: Option<Vec<u32>> = match &widened {
+            Rows::Set(whole) => Some(whole.iter().collect()),
+            _ => None,
+        };
+        let int_column = |name: &str| -> Result<ScalarBuffer<i64>> {
+            if let Some(list) = &list
+                && let Some(values) = self.packed_list(name, list)?
+            {
+                return Ok(ScalarBuffer::from(values));
+            }
+            let a = self.required(name, &widened)?;
+            Ok(downcast::<Int64Array>(&a, name)?.values().clone())
+        };
+        let gaps = int_column(col::START)?;
+        let durations = int_column(col::DURATION)?;
+        let (gaps, durations) = (&gaps[..], &durations);
         let starts = match runs {
             // trace runs from the block's summaries: no trace id is decoded
             Some(runs) => {
@@ -380,7 +419,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     Rows::Range(from, len) => {
                         rebuild_starts(*from..from + len, gaps, durations, run_start)
                     }
-                    Rows::Set(set) => rebuild_starts(set.iter(), gaps, durations, run_start),
+                    Rows::Set(_) => {
+                        rebuild_starts(list.iter().flatten().copied(), gaps, durations, run_start)
+                    }
                 }
             }
             None => {
@@ -409,17 +450,18 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     pick(Int64Array::new(durations.clone(), None))?,
                 ));
             }
-            (Rows::Set(set), Rows::Set(whole)) => (set, whole),
+            (Rows::Set(set), Rows::Set(_)) => set,
             _ => unreachable!("rows are widened to the same kind"),
         };
         // positions of the asked rows among the widened ones (a subset, both ascending)
-        let (set, whole) = wanted;
+        let set = wanted;
+        let whole = list.as_deref().unwrap_or_default();
         let mut out = (
             Vec::with_capacity(set.len() as usize),
             Vec::with_capacity(set.len() as usize),
         );
         let mut asked = set.iter().peekable();
-        for (i, row) in whole.iter().enumerate() {
+        for (i, &row) in whole.iter().enumerate() {
             if asked.peek() == Some(&row) {
                 out.0.push(starts[i]);
                 out.1.push(durations[i]);
