@@ -199,6 +199,13 @@ impl SqlEngine {
             session.options_mut().sql_parser.dialect = datafusion::config::Dialect::PostgreSQL;
             session.options_mut().sql_parser.collect_spans = true;
             session.options_mut().execution.time_zone = Some("UTC".into());
+            // Weft's scans report upper bounds of their rows (exact when nothing filters them):
+            // a small one is not worth splitting over partitions (a repartition would also
+            // read it all ahead, before a TopK above could skip its blocks)
+            session
+                .options_mut()
+                .execution
+                .use_row_number_estimates_to_optimize_partitioning = true;
             let mut builder = SessionStateBuilder::new()
                 .with_config(session)
                 .with_default_features();
