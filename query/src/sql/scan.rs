@@ -106,11 +106,13 @@ impl WeftScanExec {
             None => (0..full.fields().len()).collect(),
         };
         let schema = Arc::new(full.project(&projection)?);
-        let small = plan.rows_selected.saturating_add(source.head_rows() as u64) <= SMALL_SCAN_ROWS;
+        let small = plan.rows_selected.saturating_add(source.head_rows() as u64) <= SMALL_SCAN_ROWS
+            && plan.blocks.len() <= SMALL_SCAN_BLOCKS;
         let mut works = vec![Work::Head];
         works.extend((0..plan.blocks.len()).map(Work::Block));
-        // a scan of few rows (an index-served lookup) is one partition: splitting it buys no
-        // parallelism and costs the plan a merge or a repartition
+        // a scan of few rows in few blocks (an index-served lookup) is one partition:
+        // splitting it buys no parallelism and costs the plan a merge or a repartition (a few
+        // rows from each of many blocks still gain from reading blocks two at a time)
         let n = if small {
             1
         } else {
@@ -232,8 +234,10 @@ impl WeftScanExec {
     }
 }
 
-/// Scans selecting at most this many rows (at most one batch) run as one partition.
+/// Scans selecting at most this many rows (at most one batch) from at most this many blocks
+/// run as one partition.
 const SMALL_SCAN_ROWS: u64 = 8192;
+const SMALL_SCAN_BLOCKS: usize = 32;
 
 /// Blocks with at most this many selected rows are read on the scan's own task rather than on
 /// a blocking thread.
