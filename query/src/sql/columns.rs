@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use arrow::array::{
     Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
     Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, StringViewArray,
-    TimestampNanosecondArray,
+    TimestampNanosecondArray, UInt32Array,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
@@ -496,16 +496,22 @@ pub fn read_block<S: ChunkSource>(
                 conform(required(reader, col::TRACE_STATE, rows)?, &DataType::Utf8)?
             }
             SpanCol::Kind => {
-                let k = reader.ints(col::KIND, rows).map_err(s)?;
-                Arc::new(StringViewArray::from_iter_values(
-                    k.iter().map(|k| kind_str(SpanKind::from_u8(*k as u8))),
-                ))
+                static NAMES: OnceLock<StringViewArray> = OnceLock::new();
+                let names = NAMES.get_or_init(|| {
+                    StringViewArray::from_iter_values(
+                        (0..=u8::MAX).map(|k| kind_str(SpanKind::from_u8(k))),
+                    )
+                });
+                code_names(names, &reader.ints(col::KIND, rows).map_err(s)?)?
             }
             SpanCol::StatusCode => {
-                let c = reader.ints(col::STATUS_CODE, rows).map_err(s)?;
-                Arc::new(StringViewArray::from_iter_values(
-                    c.iter().map(|c| StatusCode::from_u8(*c as u8).as_str()),
-                ))
+                static NAMES: OnceLock<StringViewArray> = OnceLock::new();
+                let names = NAMES.get_or_init(|| {
+                    StringViewArray::from_iter_values(
+                        (0..=u8::MAX).map(|c| StatusCode::from_u8(c).as_str()),
+                    )
+                });
+                code_names(names, &reader.ints(col::STATUS_CODE, rows).map_err(s)?)?
             }
             SpanCol::Flags => Arc::new(Int64Array::from(reader.ints(col::FLAGS, rows).map_err(s)?)),
             SpanCol::StartTime | SpanCol::EndTime | SpanCol::DurationNs => {
@@ -677,6 +683,14 @@ fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
             })
         })
         .collect()
+}
+
+/// The names of stored one-byte codes (span kind, status code), as string views gathered
+/// from the 256 possible names: each row copies a 16-byte view (the names are short enough to
+/// sit inside it) instead of appending its text.
+fn code_names(names: &StringViewArray, codes: &[i64]) -> Result<ArrayRef> {
+    let at = UInt32Array::from_iter_values(codes.iter().map(|c| u32::from(*c as u8)));
+    Ok(arrow::compute::take(names, &at, None)?)
 }
 
 /// Builds the given columns from head rows.
