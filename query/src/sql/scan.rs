@@ -210,14 +210,11 @@ impl WeftScanExec {
         }
     }
 
-    /// Whether a block may hold rows passing the parent filters, judged on its time range.
-    fn may_match<'a>(
-        mut filters: impl Iterator<Item = &'a Arc<dyn PhysicalExpr>>,
-        schema: &SchemaRef,
-        work: &BlockWork,
-    ) -> bool {
+    /// Whether a block may hold rows passing the dynamic filters, judged on its time range
+    /// (the row filters' time bounds already chose the blocks: see `Pushdown`).
+    fn may_match(filters: &[Arc<dyn PhysicalExpr>], schema: &SchemaRef, work: &BlockWork) -> bool {
         let stats = BlockStats(work);
-        filters.all(|f| {
+        filters.iter().all(|f| {
             let Ok(current) = snapshot_physical_expr(f.clone()) else {
                 return true;
             };
@@ -470,9 +467,9 @@ impl ExecutionPlan for WeftScanExec {
                         return Ok(Vec::new());
                     }
                     if let Work::Block(i) = work
-                        && !(this.parent_filters.is_empty() && this.row_filters.is_empty())
+                        && !this.parent_filters.is_empty()
                         && !Self::may_match(
-                            this.row_filters.iter().chain(&this.parent_filters),
+                            &this.parent_filters,
                             &this.schema,
                             &this.plan.blocks[i],
                         )
