@@ -497,21 +497,13 @@ pub fn read_block<S: ChunkSource>(
             }
             SpanCol::Kind => {
                 static NAMES: OnceLock<StringViewArray> = OnceLock::new();
-                let names = NAMES.get_or_init(|| {
-                    StringViewArray::from_iter_values(
-                        (0..=u8::MAX).map(|k| kind_str(SpanKind::from_u8(k))),
-                    )
-                });
-                code_names(names, &reader.ints(col::KIND, rows).map_err(s)?)?
+                let codes = reader.ints(col::KIND, rows).map_err(s)?;
+                code_names(&NAMES, |k| kind_str(SpanKind::from_u8(k)), &codes)?
             }
             SpanCol::StatusCode => {
                 static NAMES: OnceLock<StringViewArray> = OnceLock::new();
-                let names = NAMES.get_or_init(|| {
-                    StringViewArray::from_iter_values(
-                        (0..=u8::MAX).map(|c| StatusCode::from_u8(c).as_str()),
-                    )
-                });
-                code_names(names, &reader.ints(col::STATUS_CODE, rows).map_err(s)?)?
+                let codes = reader.ints(col::STATUS_CODE, rows).map_err(s)?;
+                code_names(&NAMES, |c| StatusCode::from_u8(c).as_str(), &codes)?
             }
             SpanCol::Flags => Arc::new(Int64Array::from(reader.ints(col::FLAGS, rows).map_err(s)?)),
             SpanCol::StartTime | SpanCol::EndTime | SpanCol::DurationNs => {
@@ -686,9 +678,14 @@ fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
 }
 
 /// The names of stored one-byte codes (span kind, status code), as string views gathered
-/// from the 256 possible names: each row copies a 16-byte view (the names are short enough to
-/// sit inside it) instead of appending its text.
-fn code_names(names: &StringViewArray, codes: &[i64]) -> Result<ArrayRef> {
+/// from the 256 possible names (built once into `names`): each row copies a 16-byte view (the
+/// names are short enough to sit inside it) instead of appending its text.
+fn code_names(
+    names: &OnceLock<StringViewArray>,
+    name_of: fn(u8) -> &'static str,
+    codes: &[i64],
+) -> Result<ArrayRef> {
+    let names = names.get_or_init(|| StringViewArray::from_iter_values((0..=u8::MAX).map(name_of)));
     let at = UInt32Array::from_iter_values(codes.iter().map(|c| u32::from(*c as u8)));
     Ok(arrow::compute::take(names, &at, None)?)
 }

@@ -396,12 +396,23 @@ fn answers_match_the_data() {
     });
 }
 
+/// The answer of a statement (such as `EXPLAIN`) as text, a line per row.
+async fn text_of(f: &Fixture, sql: &str, pushdown: bool) -> String {
+    rows(f, sql, pushdown)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|r| r.join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn explain_shows_what_was_pushed() {
     let f = fixture();
     let some = &f.spans[10];
     block_on(async {
-        let plan = rows(
+        let text = text_of(
             &f,
             &format!(
                 "EXPLAIN SELECT * FROM spans WHERE trace_id = '{}'",
@@ -409,33 +420,21 @@ fn explain_shows_what_was_pushed() {
             ),
             true,
         )
-        .await
-        .unwrap();
-        let text = plan
-            .iter()
-            .map(|r| r.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n");
+        .await;
         assert!(text.contains("trace_id index: 1 id(s)"), "{text}");
         assert!(text.contains("blocks=1/"), "{text}");
-        let plan = rows(
+        let text = text_of(
             &f,
             "EXPLAIN SELECT span_id FROM spans WHERE \"llm.model_version\" = 'v3'",
             true,
         )
-        .await
-        .unwrap();
-        let text = plan
-            .iter()
-            .map(|r| r.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n");
+        .await;
         assert!(
             text.contains("postings llm.model_version IN (v3)"),
             "{text}"
         );
         // exact filters only: the postings' row count is the answer, no row is read
-        let plan = rows(
+        let text = text_of(
             &f,
             &format!(
                 "EXPLAIN SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v3' AND trace_id = '{}'",
@@ -443,39 +442,20 @@ fn explain_shows_what_was_pushed() {
             ),
             true,
         )
-        .await
-        .unwrap();
-        let text = plan
-            .iter()
-            .map(|r| r.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n");
+        .await;
         assert!(
             text.contains("PlaceholderRowExec") && !text.contains("WeftScan"),
             "{text}"
         );
-        let plan = rows(&f, "EXPLAIN SELECT name FROM spans", true)
-            .await
-            .unwrap();
-        let text = plan
-            .iter()
-            .map(|r| r.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = text_of(&f, "EXPLAIN SELECT name FROM spans", true).await;
         assert!(text.contains("projection=[name]"), "{text}");
         // a filter no index answers is applied by the scan, row by row
-        let plan = rows(
+        let text = text_of(
             &f,
             "EXPLAIN SELECT span_id FROM spans WHERE duration_ns > 5",
             true,
         )
-        .await
-        .unwrap();
-        let text = plan
-            .iter()
-            .map(|r| r.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n");
+        .await;
         assert!(
             text.contains("filter=[duration_ns@") && !text.contains("FilterExec"),
             "{text}"
@@ -503,25 +483,15 @@ fn repeated_subplans_are_computed_once() {
     let q = "WITH c AS (SELECT name, count(*) AS n FROM spans WHERE service_name = 'inference-engine' GROUP BY name) \
              SELECT a.name, a.n, b.n FROM c a JOIN c b ON a.name = b.name ORDER BY 1";
     block_on(async {
-        let text = |rows: Vec<Vec<String>>| {
-            rows.iter()
-                .map(|r| r.join(" "))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        let plan = text(rows(&f, &format!("EXPLAIN {q}"), true).await.unwrap());
+        let plan = text_of(&f, &format!("EXPLAIN {q}"), true).await;
         assert!(
             plan.contains("SharedExec: id=1, consumers=2"),
             "the CTE should be shared by its two uses:\n{plan}"
         );
-        let plain = text(rows(&f, &format!("EXPLAIN {q}"), false).await.unwrap());
+        let plain = text_of(&f, &format!("EXPLAIN {q}"), false).await;
         assert!(!plain.contains("SharedExec"), "{plain}");
         // the shared copy reads the blocks once: one scan reports blocks read, the other none
-        let analyzed = text(
-            rows(&f, &format!("EXPLAIN ANALYZE {q}"), true)
-                .await
-                .unwrap(),
-        );
+        let analyzed = text_of(&f, &format!("EXPLAIN ANALYZE {q}"), true).await;
         let reads: Vec<&str> = analyzed
             .split("blocks_read=")
             .skip(1)
@@ -532,15 +502,12 @@ fn repeated_subplans_are_computed_once() {
         assert_eq!(with, rows(&f, q, false).await.unwrap());
         assert!(with.iter().all(|r| r[1] == r[2]), "{with:?}");
         // a volatile function is never shared
-        let random = text(
-            rows(
-                &f,
-                "EXPLAIN WITH r AS (SELECT random() AS x, name FROM spans) SELECT * FROM r a JOIN r b ON a.name = b.name",
-                true,
-            )
-            .await
-            .unwrap(),
-        );
+        let random = text_of(
+            &f,
+            "EXPLAIN WITH r AS (SELECT random() AS x, name FROM spans) SELECT * FROM r a JOIN r b ON a.name = b.name",
+            true,
+        )
+        .await;
         assert_eq!(random.matches("random() as x").count(), 2, "{random}");
         let lines: Vec<&str> = random.lines().collect();
         for pair in lines.windows(2) {

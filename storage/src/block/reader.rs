@@ -7,7 +7,6 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, FixedSizeBinaryArray, Float64Array,
     Int64Array, ListArray, StringArray,
 };
-use arrow::buffer::ScalarBuffer;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
@@ -161,15 +160,23 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
 
     /// Decodes one column for the given rows; `None` when the block has no such column.
     pub fn column(&self, name: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
-        self.column_with(name, rows, false)
+        self.column_with(name, rows, None, false)
     }
 
     /// A string column as string views (see [`as_string_views`]).
     pub fn string_views(&self, name: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
-        self.column_with(name, rows, true)
+        self.column_with(name, rows, None, true)
     }
 
-    fn column_with(&self, name: &str, rows: &Rows, views: bool) -> Result<Option<ArrayRef>> {
+    /// `listed`: the rows of a `Rows::Set`, listed by a caller that walks them several times
+    /// (a bit-packed chunk reads them from the list rather than the bitmap).
+    fn column_with(
+        &self,
+        name: &str,
+        rows: &Rows,
+        listed: Option<&[u32]>,
+        views: bool,
+    ) -> Result<Option<ArrayRef>> {
         if self.meta.column(name).is_none() {
             return Ok(None);
         }
@@ -177,7 +184,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             StorageError::corrupt("block", format!("column chunk {name} missing"))
         })?;
         if packed::is_packed(&bytes) {
-            return self.packed(name, &bytes, rows).map(Some);
+            return self.packed(name, &bytes, rows, listed).map(Some);
         }
         let metadata = match self.source.metadata(name) {
             Some(m) => m,
@@ -219,32 +226,15 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(array))
     }
 
-    /// The listed rows (ascending) of a column, when its chunk is bit-packed; `None` when it
-    /// is not.
-    fn packed_list(&self, name: &str, rows: &[u32]) -> Result<Option<Vec<i64>>> {
-        let Some(bytes) = self.source.chunk(name)? else {
-            return Ok(None);
-        };
-        if !packed::is_packed(&bytes) {
-            return Ok(None);
-        }
-        let chunk = packed::Packed::parse(&bytes)?;
-        if chunk.rows() != self.meta.rows {
-            return Err(StorageError::corrupt(
-                "column chunk",
-                format!(
-                    "{name}: {} rows in a block of {}",
-                    chunk.rows(),
-                    self.meta.rows
-                ),
-            ));
-        }
-        chunk.pick(rows.iter().copied()).map(Some)
-    }
-
     /// The given rows of a bit-packed chunk: a few rows are read one by one, most of the
     /// block whole and then picked.
-    fn packed(&self, name: &str, bytes: &[u8], rows: &Rows) -> Result<ArrayRef> {
+    fn packed(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        rows: &Rows,
+        listed: Option<&[u32]>,
+    ) -> Result<ArrayRef> {
         let chunk = packed::Packed::parse(bytes)?;
         let total = self.meta.rows;
         if chunk.rows() != total {
@@ -253,16 +243,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 format!("{name}: {} rows in a block of {total}", chunk.rows()),
             ));
         }
-        let values = match rows {
-            Rows::All => chunk.all()?,
-            Rows::Set(set) if set.len() * 4 > u64::from(total) => {
-                let all = chunk.all()?;
-                set.iter()
-                    .filter_map(|r| all.get(r as usize).copied())
-                    .collect()
-            }
-            Rows::Set(set) => chunk.pick(set.iter())?,
-            Rows::Range(start, len) => chunk.pick(*start..start + len)?,
+        let values = match (rows, listed) {
+            (Rows::All, _) => chunk.all()?,
+            (Rows::Range(start, len), _) => chunk.pick(*start..start + len)?,
+            (Rows::Set(set), Some(list)) => pick_packed(&chunk, list.iter().copied(), set.len())?,
+            (Rows::Set(set), None) => pick_packed(&chunk, set.iter(), set.len())?,
         };
         if values.len() != rows.len(total) {
             return Err(StorageError::corrupt(
@@ -304,7 +289,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 
     fn required(&self, name: &str, rows: &Rows) -> Result<ArrayRef> {
-        self.column(name, rows)?
+        self.required_listed(name, rows, None)
+    }
+
+    fn required_listed(&self, name: &str, rows: &Rows, listed: Option<&[u32]>) -> Result<ArrayRef> {
+        self.column_with(name, rows, listed, false)?
             .ok_or_else(|| StorageError::corrupt("block", format!("core column {name} missing")))
     }
 
@@ -392,18 +381,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             Rows::Set(whole) => Some(whole.iter().collect()),
             _ => None,
         };
-        let int_column = |name: &str| -> Result<ScalarBuffer<i64>> {
-            if let Some(list) = &list
-                && let Some(values) = self.packed_list(name, list)?
-            {
-                return Ok(ScalarBuffer::from(values));
-            }
-            let a = self.required(name, &widened)?;
-            Ok(downcast::<Int64Array>(&a, name)?.values().clone())
-        };
-        let gaps = int_column(col::START)?;
-        let durations = int_column(col::DURATION)?;
-        let (gaps, durations) = (&gaps[..], &durations);
+        let gaps = self.required_listed(col::START, &widened, list.as_deref())?;
+        let gaps = downcast::<Int64Array>(&gaps, col::START)?.values();
+        let durations = self.required_listed(col::DURATION, &widened, list.as_deref())?;
+        let durations = downcast::<Int64Array>(&durations, col::DURATION)?.values();
         let starts = match runs {
             // trace runs from the block's summaries: no trace id is decoded
             Some(runs) => {
@@ -432,7 +413,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 })
             }
         };
-        let wanted = match (rows, &widened) {
+        let set = match (rows, &widened) {
             (Rows::All, _) => return Ok((starts, durations.to_vec())),
             (Rows::Range(start, len), Rows::Range(from, _)) => {
                 let at = (start - from) as usize;
@@ -454,7 +435,6 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             _ => unreachable!("rows are widened to the same kind"),
         };
         // positions of the asked rows among the widened ones (a subset, both ascending)
-        let set = wanted;
         let whole = list.as_deref().unwrap_or_default();
         let mut out = (
             Vec::with_capacity(set.len() as usize),
@@ -720,6 +700,21 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             });
         }
         Ok(out)
+    }
+}
+
+/// The given rows (ascending, `n` of them) of a bit-packed chunk: read one by one when few,
+/// else the chunk decoded whole and picked.
+fn pick_packed(
+    chunk: &packed::Packed,
+    rows: impl Iterator<Item = u32>,
+    n: u64,
+) -> Result<Vec<i64>> {
+    if n * 4 > u64::from(chunk.rows()) {
+        let all = chunk.all()?;
+        Ok(rows.filter_map(|r| all.get(r as usize).copied()).collect())
+    } else {
+        chunk.pick(rows)
     }
 }
 
