@@ -123,6 +123,49 @@ fn encode_page(page: &[i64], out: &mut Vec<u8>) {
     }
 }
 
+/// Unpacks `out.len()` values of `W` bits (at most 56, so that any value lies within the
+/// eight bytes from its first byte). Eight values fill exactly `W` bytes: each group of eight
+/// is read with offsets and shifts known at compile time, one bounds check per group.
+fn unpack_fixed<const W: usize>(words: &[u8], base: i64, out: &mut [i64]) {
+    let mask = (1u64 << W) - 1;
+    let at = |bytes: &[u8], bit: usize| {
+        let b = bit / 8;
+        let chunk = u64::from_le_bytes(bytes[b..b + 8].try_into().expect("8 bytes"));
+        base.wrapping_add(((chunk >> (bit % 8)) & mask) as i64)
+    };
+    let done = out.len() / 8 * 8;
+    let mut groups = out.chunks_exact_mut(8);
+    for (g, values) in groups.by_ref().enumerate() {
+        // the group's W bytes and the 8 after them (the page ends in a zero word)
+        let bytes = &words[g * W..g * W + W + 8];
+        for (j, v) in values.iter_mut().enumerate() {
+            *v = at(bytes, j * W);
+        }
+    }
+    for (j, v) in groups.into_remainder().iter_mut().enumerate() {
+        *v = at(words, (done + j) * W);
+    }
+}
+
+/// Unpacks values wider than 56 bits, word by word through a 128-bit window.
+fn unpack_wide(words: &[u8], base: i64, w: u32, out: &mut [i64]) {
+    let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
+    let mut words = words
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+    // bits not yet consumed, lowest first
+    let (mut acc, mut have) = (0u128, 0u32);
+    for v in out {
+        if have < w {
+            acc |= u128::from(words.next().unwrap_or(0)) << have;
+            have += 64;
+        }
+        *v = base.wrapping_add((acc as u64 & mask) as i64);
+        acc >>= w;
+        have -= w;
+    }
+}
+
 fn corrupt(detail: impl Into<String>) -> StorageError {
     StorageError::corrupt("packed column chunk", detail)
 }
@@ -175,30 +218,25 @@ impl Page<'_> {
         self.base.wrapping_add(bits as i64)
     }
 
-    /// Appends every packed value of the page (zero in exceptions' slots), word by word.
+    /// Appends every packed value of the page (zero in exceptions' slots).
     fn unpack_into(&self, out: &mut Vec<i64>) {
-        let (base, w) = (self.base, self.width);
+        let (base, w, len) = (self.base, self.width, self.len as usize);
+        let at = out.len();
+        out.resize(at + len, base);
+        let out = &mut out[at..];
         if w == 0 {
-            out.extend(std::iter::repeat_n(base, self.len as usize));
             return;
         }
-        let mask = if w == 64 { u64::MAX } else { (1u64 << w) - 1 };
-        let mut words = self
-            .words
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        // bits not yet consumed, lowest first
-        let (mut acc, mut have) = (0u128, 0u32);
-        out.extend((0..self.len).map(|_| {
-            if have < w {
-                acc |= u128::from(words.next().unwrap_or(0)) << have;
-                have += 64;
-            }
-            let bits = acc as u64 & mask;
-            acc >>= w;
-            have -= w;
-            base.wrapping_add(bits as i64)
-        }));
+        macro_rules! fixed {
+            ($($n:literal)*) => {
+                match w {
+                    $($n => unpack_fixed::<$n>(self.words, base, out),)*
+                    _ => unpack_wide(self.words, base, w, out),
+                }
+            };
+        }
+        fixed!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28
+            29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56);
     }
 
     fn exceptions(&self) -> impl Iterator<Item = (u32, i64)> + '_ {
@@ -371,6 +409,36 @@ mod tests {
             .map(|i: i64| i.wrapping_mul(0x1E37_79B9_7F4A_7C15))
             .collect();
         roundtrip(&spread, 4096);
+    }
+
+    #[test]
+    fn every_width_reads_back() {
+        // values filling exactly `width` bits above a base, on pages whose lengths are and
+        // are not multiples of the eight-value groups the unpacking works in
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for width in 0..=64u32 {
+            for len in [1usize, 7, 8, 9, 63, 64, 65, 1000, 4096] {
+                let base = -1_000_000_007i64;
+                let values: Vec<i64> = (0..len)
+                    .map(|i| {
+                        let bits = match width {
+                            0 => 0,
+                            64 => next(),
+                            w if i == 0 => (1u64 << w) - 1, // the widest value forces the width
+                            w => next() & ((1u64 << w) - 1),
+                        };
+                        base.wrapping_add(bits as i64)
+                    })
+                    .collect();
+                roundtrip(&values, 4096);
+            }
+        }
     }
 
     #[test]
