@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// Longest a SQL query may run, results included, e.g. 60s [default: 60s].
     #[arg(long, env = "WEFT_SQL_TIMEOUT")]
     pub sql_timeout: Option<String>,
+    /// Optimised SQL plans kept for queries sent again with the same text; 0 keeps none [default: 512].
+    #[arg(long, env = "WEFT_SQL_PLAN_CACHE")]
+    pub sql_plan_cache: Option<usize>,
     /// Log filter, e.g. info or weft=debug [default: info].
     #[arg(long, env = "WEFT_LOG")]
     pub log: Option<String>,
@@ -93,6 +96,7 @@ struct FileConfig {
     pg_password: Option<String>,
     sql_memory_limit: Option<usize>,
     sql_timeout: Option<String>,
+    sql_plan_cache: Option<usize>,
     log: Option<String>,
 }
 
@@ -243,6 +247,10 @@ impl Config {
                 args.sql_timeout.or(file.sql_timeout),
                 sql_default.timeout,
             )?,
+            plan_cache: args
+                .sql_plan_cache
+                .or(file.sql_plan_cache)
+                .unwrap_or(sql_default.plan_cache),
             ..sql_default
         };
         if sql.timeout.is_zero() {

@@ -552,14 +552,21 @@ impl Backend {
                 let limit = engine.config().timeout;
                 let started = std::time::Instant::now();
                 let session = engine.session(tenant).map_err(sql_error)?;
-                let plan = session.plan(*statement).await.map_err(sql_error)?;
                 let plan = if params.is_empty() {
-                    plan
+                    // the statement's text is the key of its kept plan
+                    let text = statement.to_string();
+                    session
+                        .prepare(&text, || Ok(*statement))
+                        .await
+                        .map_err(sql_error)?
                 } else {
-                    plan.with_param_values(params)
-                        .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?
+                    let plan = session.plan(*statement).await.map_err(sql_error)?;
+                    let plan = plan
+                        .with_param_values(params)
+                        .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?;
+                    session.optimise(&plan).map_err(sql_error)?
                 };
-                let query = tokio::time::timeout(limit, session.execute(plan))
+                let query = tokio::time::timeout(limit, session.execute_optimised(plan))
                     .await
                     .map_err(|_| sql_error(SqlError::timeout(limit)))?
                     .map_err(sql_error)?;

@@ -7,6 +7,7 @@
 pub mod columns;
 pub mod functions;
 pub mod pg_catalog;
+pub mod plans;
 pub mod pushdown;
 pub mod scan;
 pub mod shared;
@@ -20,10 +21,10 @@ use datafusion::catalog::{
     MemoryCatalogProvider, MemoryCatalogProviderList, SchemaProvider, TableProvider,
 };
 use datafusion::error::DataFusionError;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionState;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
@@ -45,6 +46,8 @@ pub struct SqlConfig {
     /// Use the store's indexes and time ranges, and compute repeated subplans once (off only
     /// to check answers).
     pub pushdown: bool,
+    /// Optimised plans kept for queries sent again with the same text (0 keeps none).
+    pub plan_cache: usize,
 }
 
 impl Default for SqlConfig {
@@ -54,6 +57,7 @@ impl Default for SqlConfig {
             timeout: Duration::from_secs(60),
             target_partitions: std::thread::available_parallelism().map_or(2, |n| n.get()),
             pushdown: true,
+            plan_cache: 512,
         }
     }
 }
@@ -186,6 +190,7 @@ pub struct SqlEngine {
     /// The same without Weft's own optimizer rule (for queries with push-down disabled, the
     /// plain plans every optimisation is checked against).
     plain: Arc<SessionState>,
+    plans: Arc<plans::PlanCache>,
 }
 
 impl SqlEngine {
@@ -222,6 +227,7 @@ impl SqlEngine {
             store,
             template: template(true),
             plain: template(false),
+            plans: Arc::new(plans::PlanCache::new(config.plan_cache)),
             config,
         }
     }
@@ -232,6 +238,11 @@ impl SqlEngine {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// The optimised plans kept for queries sent again.
+    pub fn plans(&self) -> &plans::PlanCache {
+        &self.plans
     }
 
     /// A DataFusion session for one query of one tenant: its tables over one snapshot, the
@@ -254,6 +265,8 @@ impl SqlEngine {
             self.plain.as_ref().clone()
         };
         state.register_catalog_list(Arc::new(MemoryCatalogProviderList::new()));
+        // the query's start: `now()` folds to it when the plan is optimised
+        state.mark_start_execution();
         let ctx = SessionContext::new_with_state(state);
         let table_ctx = TableContext {
             store: self.store.clone(),
@@ -302,6 +315,9 @@ impl SqlEngine {
             ctx,
             runtime,
             tables: described,
+            plans: self.plans.clone(),
+            tenant: tenant.clone(),
+            pushdown,
         })
     }
 
@@ -317,9 +333,8 @@ impl SqlEngine {
         pushdown: bool,
     ) -> Result<QueryStream, SqlError> {
         let session = self.session_with(tenant, pushdown)?;
-        let statement = parse_one(sql)?;
-        let plan = session.plan(statement).await?;
-        session.execute(plan).await
+        let plan = session.prepare(sql, || parse_one(sql)).await?;
+        session.execute_optimised(plan).await
     }
 }
 
@@ -329,6 +344,9 @@ pub struct Session {
     /// The query's own runtime: its memory pool and spill files.
     runtime: Arc<RuntimeEnv>,
     tables: pg_catalog::CatalogTables,
+    plans: Arc<plans::PlanCache>,
+    tenant: TenantId,
+    pushdown: bool,
 }
 
 impl Session {
@@ -351,18 +369,49 @@ impl Session {
         Ok(plan)
     }
 
-    pub async fn execute(&self, plan: LogicalPlan) -> Result<QueryStream, SqlError> {
-        let df = self
-            .ctx
-            .execute_logical_plan(plan)
+    /// The optimised plan of the statement whose text is `text`: the one kept from an
+    /// earlier query of the same text when there is one (its scans bound to this session's
+    /// tables), else `statement()` planned and optimised now, and kept when it may be reused.
+    pub async fn prepare(
+        &self,
+        text: &str,
+        statement: impl FnOnce() -> Result<Statement, SqlError>,
+    ) -> Result<LogicalPlan, SqlError> {
+        if let Some(plan) = self
+            .plans
+            .take(&self.ctx, &self.tenant, self.pushdown, text)
             .await
-            .map_err(|e| SqlError::from_datafusion(e, true))?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let task = Arc::new(df.task_ctx().with_runtime(self.runtime.clone()));
-        let physical = df
-            .create_physical_plan()
+            .map_err(|e| SqlError::from_datafusion(e, true))?
+        {
+            return Ok(plan);
+        }
+        let analysed = self.plan(statement()?).await?;
+        let optimised = self.optimise(&analysed)?;
+        self.plans
+            .keep(&self.tenant, self.pushdown, text, &analysed, &optimised);
+        Ok(optimised)
+    }
+
+    /// Runs DataFusion's logical optimizer over a plan from [`Session::plan`].
+    pub fn optimise(&self, plan: &LogicalPlan) -> Result<LogicalPlan, SqlError> {
+        self.ctx
+            .state_ref()
+            .read()
+            .optimize(plan)
+            .map_err(|e| SqlError::from_datafusion(e, false))
+    }
+
+    /// Starts an optimised plan: physical planning (where the scans choose their blocks from
+    /// this session's snapshot), then execution.
+    pub async fn execute_optimised(&self, plan: LogicalPlan) -> Result<QueryStream, SqlError> {
+        let state = self.ctx.state();
+        let schema = Arc::new(plan.schema().as_arrow().clone());
+        let physical = state
+            .query_planner()
+            .create_physical_plan(&plan, &state)
             .await
             .map_err(|e| SqlError::from_datafusion(e, false))?;
+        let task = Arc::new(TaskContext::from(&state).with_runtime(self.runtime.clone()));
         let stream = datafusion::physical_plan::execute_stream(physical, task)
             .map_err(|e| SqlError::from_datafusion(e, false))?;
         Ok(QueryStream { schema, stream })

@@ -650,3 +650,66 @@ fn memory_limit_fails_the_query_alone() {
         assert_eq!(b[0].num_rows(), 1);
     });
 }
+
+#[test]
+fn kept_plans_read_each_query_s_own_snapshot() {
+    let f = fixture();
+    let count = |sql: &'static str| {
+        let f = &f;
+        async move { rows(f, sql, true).await.unwrap() }
+    };
+    block_on(async {
+        let by_version = "SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v2'";
+        let first = count(by_version).await;
+        assert_eq!(f.engine.plans().len(), 1, "the plan is kept");
+        assert_eq!(
+            count(by_version).await,
+            first,
+            "the kept plan answers the same"
+        );
+        assert_eq!(f.engine.plans().len(), 1);
+
+        // more rows of the same shape, and a new attribute key (a new dynamic column)
+        let mut more = spans(11, 40);
+        let added_v2 = more
+            .iter()
+            .filter(|s| {
+                s.attributes
+                    .iter()
+                    .any(|kv| kv.key == "llm.model_version" && kv.value == Value::Str("v2".into()))
+            })
+            .count();
+        assert!(added_v2 > 0);
+        more[0]
+            .attributes
+            .push(KeyValue::new("tenant.tier", Value::Str("gold".into())));
+        f.engine.store().append(&f.tenant, more).unwrap();
+        let want: usize = first[0][0].parse::<usize>().unwrap() + added_v2;
+        assert_eq!(
+            count(by_version).await,
+            vec![vec![want.to_string()]],
+            "a kept plan reads the snapshot of the query that takes it"
+        );
+        // nothing that may change between runs is kept
+        let kept = f.engine.plans().len();
+        let clock = "SELECT CAST(now() AS BIGINT), count(*) FROM spans";
+        let a = count(clock).await;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = count(clock).await;
+        assert_ne!(a[0][0], b[0][0], "now() is the time of each query");
+        count("EXPLAIN SELECT count(*) FROM spans").await;
+        assert!(rows(&f, "SELECT nope FROM spans", true).await.is_err());
+        assert_eq!(f.engine.plans().len(), kept);
+
+        // a column whose schema changed is planned again rather than read through a stale plan
+        let columns = "SELECT * FROM spans LIMIT 1";
+        let before = rows(&f, columns, true).await.unwrap()[0].len();
+        let mut wider = spans(13, 1);
+        wider[0]
+            .attributes
+            .push(KeyValue::new("region.zone", Value::Str("eu-1".into())));
+        f.engine.store().append(&f.tenant, wider).unwrap();
+        let after = rows(&f, columns, true).await.unwrap()[0].len();
+        assert_eq!(after, before + 1, "the new dynamic column shows");
+    });
+}
