@@ -287,21 +287,25 @@ fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
     Arc::new(StringArray::new(offsets, values.into(), nulls))
 }
 
-/// Trace ids as lower-case hex strings, one per row, given each row's index into `ids`.
+/// Trace ids as lower-case hex strings, one per row, given each row's index into `ids`
+/// (ascending: a trace's rows are one run). Only the ids of the rows asked for are encoded,
+/// each once: a few selected rows of a block do not pay for its thousands of traces.
 fn hex_runs(ids: &[TraceId], runs: &[u32]) -> ArrayRef {
-    let texts: Vec<[u8; 32]> = ids
-        .iter()
-        .map(|id| {
-            let mut t = [0u8; 32];
-            for (j, byte) in id.0.iter().enumerate() {
-                t[2 * j..2 * j + 2].copy_from_slice(&HEX_PAIRS[*byte as usize]);
-            }
-            t
-        })
-        .collect();
     let mut values = Vec::with_capacity(runs.len() * 32);
+    let mut last: Option<(u32, [u8; 32])> = None;
     for &r in runs {
-        values.extend_from_slice(&texts[r as usize]);
+        let text = match last {
+            Some((run, text)) if run == r => text,
+            _ => {
+                let mut text = [0u8; 32];
+                for (j, byte) in ids[r as usize].0.iter().enumerate() {
+                    text[2 * j..2 * j + 2].copy_from_slice(&HEX_PAIRS[*byte as usize]);
+                }
+                last = Some((r, text));
+                text
+            }
+        };
+        values.extend_from_slice(&text);
     }
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(32, runs.len()));
     // hex digits are ASCII: the UTF-8 check cannot fail
