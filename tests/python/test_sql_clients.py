@@ -109,6 +109,15 @@ def test_psycopg_text_results_extended_and_simple_protocols(weft):
         assert cur.nextset()
         assert cur.fetchone() == ("16.4",)
         assert conn.execute("SHOW TimeZone").fetchone() == ("UTC",)
+        # sent again, a text is answered from its kept plan (not parsed again); errors are
+        # never kept
+        for _ in range(3):
+            cur = conn.execute("SELECT count(*) AS n, min(name) AS first FROM spans WHERE name = 'llm.generate'")
+            assert cur.fetchall() == [(1, "llm.generate")]
+            assert [d.name for d in cur.description] == ["n", "first"]
+        for _ in range(2):
+            with pytest.raises(psycopg.errors.Error, match="nope"):
+                conn.execute("SELECT nope FROM spans")
 
 
 def test_asyncpg_binary_results_errors_and_concurrency(weft):

@@ -17,6 +17,7 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::common::ScalarValue;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Sink, Stream, StreamExt};
 use pgwire::api::auth::md5pass::{Md5PasswordAuthStartupHandler, hash_md5_password};
@@ -37,7 +38,7 @@ use pgwire::messages::data::DataRow;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 use weft_query::sql::functions::{PG_VERSION, setting};
-use weft_query::sql::{QueryStream, SqlError, SqlErrorKind, parse};
+use weft_query::sql::{QueryStream, Session, SqlError, SqlErrorKind, parse};
 use weft_storage::model::TenantId;
 
 use crate::state::SharedState;
@@ -527,6 +528,7 @@ impl Backend {
         statement: PgStatement,
         params: Vec<ScalarValue>,
         format: Option<&Format>,
+        text: Option<&str>,
     ) -> PgWireResult<Response> {
         match statement {
             PgStatement::Command { tag, transaction } => Ok(match transaction {
@@ -548,13 +550,11 @@ impl Backend {
                 )))
             }
             PgStatement::Query { statement, .. } => {
-                let engine = &self.state.sql;
-                let limit = engine.config().timeout;
                 let started = std::time::Instant::now();
-                let session = engine.session(tenant).map_err(sql_error)?;
+                let session = self.state.sql.session(tenant).map_err(sql_error)?;
                 let plan = if params.is_empty() {
                     // the statement's text is the key of its kept plan
-                    let text = statement.to_string();
+                    let text = text.map_or_else(|| statement.to_string(), str::to_owned);
                     session
                         .prepare(&text, || Ok(*statement))
                         .await
@@ -566,17 +566,39 @@ impl Backend {
                         .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?;
                     session.optimise(&plan).map_err(sql_error)?
                 };
-                let query = tokio::time::timeout(limit, session.execute_optimised(plan))
-                    .await
-                    .map_err(|_| sql_error(SqlError::timeout(limit)))?
-                    .map_err(sql_error)?;
-                let fields = Arc::new(fields(&query.schema, format));
-                self.state.requests.sql_pg.observe(started.elapsed());
-                Ok(Response::Query(QueryResponse::new(
-                    fields.clone(),
-                    row_stream(query, fields, limit),
-                )))
+                self.respond(session, plan, format, started).await
             }
+        }
+    }
+
+    /// Starts an optimised plan and answers with its rows.
+    async fn respond(
+        &self,
+        session: Session,
+        plan: LogicalPlan,
+        format: Option<&Format>,
+        started: std::time::Instant,
+    ) -> PgWireResult<Response> {
+        let limit = self.state.sql.config().timeout;
+        let query = tokio::time::timeout(limit, session.execute_optimised(plan))
+            .await
+            .map_err(|_| sql_error(SqlError::timeout(limit)))?
+            .map_err(sql_error)?;
+        let fields = Arc::new(fields(&query.schema, format));
+        self.state.requests.sql_pg.observe(started.elapsed());
+        Ok(Response::Query(QueryResponse::new(
+            fields.clone(),
+            row_stream(query, fields, limit),
+        )))
+    }
+
+    /// The answer of a simple query whose text was planned before, without parsing it again.
+    async fn kept(&self, tenant: &TenantId, query: &str) -> PgWireResult<Option<Response>> {
+        let started = std::time::Instant::now();
+        let session = self.state.sql.session(tenant).map_err(sql_error)?;
+        match session.kept(query).await.map_err(sql_error)? {
+            Some(plan) => Ok(Some(self.respond(session, plan, None, started).await?)),
+            None => Ok(None),
         }
     }
 }
@@ -591,10 +613,18 @@ impl SimpleQueryHandler for Backend {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let tenant = tenant_of(client)?;
+        match self.kept(&tenant, query).await {
+            Ok(Some(response)) => return Ok(vec![response]),
+            Ok(None) => {}
+            Err(PgWireError::UserError(info)) => return Ok(vec![Response::Error(info)]),
+            Err(e) => return Err(e),
+        }
         let statements = parse(query).map_err(|e| sql_error_in(e, query))?;
+        // a single statement's plan is kept under the text as sent
+        let text = (statements.len() == 1).then_some(query);
         let mut out = Vec::with_capacity(statements.len());
         for s in statements {
-            match self.run(&tenant, classify(s), Vec::new(), None).await {
+            match self.run(&tenant, classify(s), Vec::new(), None, text).await {
                 Ok(r) => out.push(r),
                 Err(PgWireError::UserError(info)) => {
                     out.push(Response::Error(info));
@@ -809,6 +839,7 @@ impl ExtendedQueryHandler for Backend {
             statement,
             params,
             Some(&portal.result_column_format),
+            None,
         )
         .await
     }

@@ -377,12 +377,7 @@ impl Session {
         text: &str,
         statement: impl FnOnce() -> Result<Statement, SqlError>,
     ) -> Result<LogicalPlan, SqlError> {
-        if let Some(plan) = self
-            .plans
-            .take(&self.ctx, &self.tenant, self.pushdown, text)
-            .await
-            .map_err(|e| SqlError::from_datafusion(e, true))?
-        {
+        if let Some(plan) = self.kept(text).await? {
             return Ok(plan);
         }
         let analysed = self.plan(statement()?).await?;
@@ -390,6 +385,15 @@ impl Session {
         self.plans
             .keep(&self.tenant, self.pushdown, text, &analysed, &optimised);
         Ok(optimised)
+    }
+
+    /// The optimised plan kept from an earlier query of this text, bound to this session's
+    /// tables, if there is one.
+    pub async fn kept(&self, text: &str) -> Result<Option<LogicalPlan>, SqlError> {
+        self.plans
+            .take(&self.ctx, &self.tenant, self.pushdown, text)
+            .await
+            .map_err(|e| SqlError::from_datafusion(e, true))
     }
 
     /// Runs DataFusion's logical optimizer over a plan from [`Session::plan`].
