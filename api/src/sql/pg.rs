@@ -595,7 +595,14 @@ impl Backend {
     /// The answer of a simple query whose text was planned before, without parsing it again.
     async fn kept(&self, tenant: &TenantId, query: &str) -> PgWireResult<Option<Response>> {
         let started = std::time::Instant::now();
-        let session = self.state.sql.session(tenant).map_err(sql_error)?;
+        let engine = &self.state.sql;
+        if !engine
+            .plans()
+            .holds(tenant, engine.config().pushdown, query)
+        {
+            return Ok(None);
+        }
+        let session = engine.session(tenant).map_err(sql_error)?;
         match session.kept(query).await.map_err(sql_error)? {
             Some(plan) => Ok(Some(self.respond(session, plan, None, started).await?)),
             None => Ok(None),

@@ -71,6 +71,17 @@ impl PlanCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a plan of this text is kept (it may still be dropped when taken, if a table it
+    /// reads changed schema): a caller can skip setting up a session for nothing.
+    pub fn holds(&self, tenant: &TenantId, pushdown: bool, text: &str) -> bool {
+        self.capacity > 0
+            && self.lock().entries.contains_key(&Key {
+                tenant: tenant.clone(),
+                pushdown,
+                text: text.to_owned(),
+            })
+    }
+
     fn get(&self, tenant: &TenantId, pushdown: bool, text: &str) -> Option<LogicalPlan> {
         if self.capacity == 0 {
             return None;

@@ -662,6 +662,8 @@ fn kept_plans_read_each_query_s_own_snapshot() {
         let by_version = "SELECT count(*) FROM spans WHERE \"llm.model_version\" = 'v2'";
         let first = count(by_version).await;
         assert_eq!(f.engine.plans().len(), 1, "the plan is kept");
+        assert!(f.engine.plans().holds(&f.tenant, true, by_version));
+        assert!(!f.engine.plans().holds(&f.tenant, false, by_version));
         assert_eq!(
             count(by_version).await,
             first,
