@@ -31,6 +31,16 @@ struct Key {
     text: String,
 }
 
+impl Key {
+    fn new(tenant: &TenantId, pushdown: bool, text: &str) -> Self {
+        Self {
+            tenant: tenant.clone(),
+            pushdown,
+            text: text.to_owned(),
+        }
+    }
+}
+
 struct Entry {
     plan: LogicalPlan,
     /// The cache's clock when the entry was last used (the least recent goes first).
@@ -75,32 +85,26 @@ impl PlanCache {
     /// reads changed schema): a caller can skip setting up a session for nothing.
     pub fn holds(&self, tenant: &TenantId, pushdown: bool, text: &str) -> bool {
         self.capacity > 0
-            && self.lock().entries.contains_key(&Key {
-                tenant: tenant.clone(),
-                pushdown,
-                text: text.to_owned(),
-            })
+            && self
+                .lock()
+                .entries
+                .contains_key(&Key::new(tenant, pushdown, text))
     }
 
-    fn get(&self, tenant: &TenantId, pushdown: bool, text: &str) -> Option<LogicalPlan> {
+    fn get(&self, key: &Key) -> Option<LogicalPlan> {
         if self.capacity == 0 {
             return None;
         }
-        let key = Key {
-            tenant: tenant.clone(),
-            pushdown,
-            text: text.to_owned(),
-        };
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
-        inner.entries.get_mut(&key).map(|e| {
+        inner.entries.get_mut(key).map(|e| {
             e.used = now;
             e.plan.clone()
         })
     }
 
-    fn put(&self, tenant: &TenantId, pushdown: bool, text: &str, plan: LogicalPlan) {
+    fn put(&self, key: Key, plan: LogicalPlan) {
         if self.capacity == 0 {
             return;
         }
@@ -117,11 +121,6 @@ impl PlanCache {
                 inner.entries.remove(&oldest);
             }
         }
-        let key = Key {
-            tenant: tenant.clone(),
-            pushdown,
-            text: text.to_owned(),
-        };
         inner.entries.insert(key, Entry { plan, used });
     }
 
@@ -134,16 +133,12 @@ impl PlanCache {
         pushdown: bool,
         text: &str,
     ) -> Result<Option<LogicalPlan>> {
-        let Some(plan) = self.get(tenant, pushdown, text) else {
+        let key = Key::new(tenant, pushdown, text);
+        let Some(plan) = self.get(&key) else {
             return Ok(None);
         };
         let rebound = rebind(plan, ctx).await?;
         if rebound.is_none() {
-            let key = Key {
-                tenant: tenant.clone(),
-                pushdown,
-                text: text.to_owned(),
-            };
             self.lock().entries.remove(&key);
         }
         Ok(rebound)
@@ -160,7 +155,7 @@ impl PlanCache {
         optimised: &LogicalPlan,
     ) {
         if reusable(analysed) {
-            self.put(tenant, pushdown, text, optimised.clone());
+            self.put(Key::new(tenant, pushdown, text), optimised.clone());
         }
     }
 }
@@ -168,7 +163,7 @@ impl PlanCache {
 /// Whether the optimised form of this plan gives the same answer in every later run over the
 /// same tables: no parameter, no function that is not immutable (the optimizer folds `now()`
 /// into the time of planning), no `EXPLAIN` (whose text is made while optimising).
-pub fn reusable(plan: &LogicalPlan) -> bool {
+fn reusable(plan: &LogicalPlan) -> bool {
     if matches!(
         plan,
         LogicalPlan::Explain(_)
@@ -181,32 +176,27 @@ pub fn reusable(plan: &LogicalPlan) -> bool {
     ) {
         return false;
     }
-    let mut reusable = true;
+    let mut fixed = true;
+    // a walk stops at the first expression that may change between runs
     let _ = plan.apply_with_subqueries(|node| {
-        for e in node.expressions() {
-            let _ = e.apply(|e| {
-                let fixed = match e {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                fixed = match e {
                     Expr::ScalarFunction(f) => {
                         f.func.signature().volatility == Volatility::Immutable
                     }
                     Expr::Placeholder(_) => false,
                     _ => true,
                 };
-                reusable &= fixed;
                 Ok(if fixed {
                     TreeNodeRecursion::Continue
                 } else {
                     TreeNodeRecursion::Stop
                 })
-            });
-        }
-        Ok(if reusable {
-            TreeNodeRecursion::Continue
-        } else {
-            TreeNodeRecursion::Stop
+            })
         })
     });
-    reusable
+    fixed
 }
 
 /// The plan with each scan reading the table of the same name in `ctx`; `None` when one of
