@@ -2,8 +2,9 @@
 //! postings, trace runs): keys name immutable bytes, so entries never go stale. It is bounded
 //! by a total weight (entries or bytes) and simply emptied when an insert would exceed it.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
+
+use rustc_hash::FxHashMap;
 
 pub struct Bounded<V> {
     limit: usize,
@@ -13,7 +14,9 @@ pub struct Bounded<V> {
 /// The entries with their weights, and the total weight held.
 struct Entries<V> {
     weight: usize,
-    map: HashMap<Vec<u8>, (usize, V)>,
+    // keys are short byte strings (tenant, block, column) looked up on every block read: a
+    // fast hash, not a DoS-resistant one (they are not chosen by clients)
+    map: FxHashMap<Vec<u8>, (usize, V)>,
 }
 
 impl<V: Clone> Bounded<V> {
@@ -22,7 +25,7 @@ impl<V: Clone> Bounded<V> {
             limit,
             inner: Mutex::new(Entries {
                 weight: 0,
-                map: HashMap::new(),
+                map: FxHashMap::default(),
             }),
         }
     }

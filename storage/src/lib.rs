@@ -14,6 +14,7 @@ pub mod keys;
 pub mod model;
 pub mod schema;
 pub mod store;
+pub mod terms;
 
 pub use error::{Result, StorageError};
 pub use store::{AppendOutcome, Store, StoreOptions, StoreStats};

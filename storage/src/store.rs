@@ -29,6 +29,7 @@ use crate::error::{Result, StorageError};
 use crate::head::{Head, HeadSnapshot};
 use crate::keys::{self, BlockAddr};
 use crate::model::{SpanId, SpanRecord, TenantId, TraceId};
+use crate::terms::{self, TermFilter};
 
 const CF_HEAD: &str = "head";
 const CF_META: &str = "meta";
@@ -131,6 +132,8 @@ pub struct Store {
     postings: Bounded<Arc<Vec<(String, RoaringBitmap)>>>,
     /// Trace runs of blocks, by block key (from the blocks' trace summaries).
     trace_runs: Bounded<Arc<TraceRuns>>,
+    /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
+    matches: Bounded<Arc<RoaringBitmap>>,
     pub stats: StoreStats,
 }
 
@@ -142,6 +145,8 @@ pub const CHUNK_CACHE_BYTES: usize = 128 << 20;
 pub const POSTINGS_CACHE_BYTES: usize = 64 << 20;
 /// Blocks whose trace runs are kept in memory (20 bytes a trace).
 const TRACE_RUNS_CACHE_ENTRIES: usize = 4_096;
+/// Bytes of matching rows (see [`Store::rows_matching`]) kept in memory.
+pub const MATCHES_CACHE_BYTES: usize = 32 << 20;
 
 /// What an append did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +208,7 @@ impl Store {
             chunks: Bounded::new(CHUNK_CACHE_BYTES),
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
+            matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
         };
         store.recover()?;
@@ -657,6 +663,40 @@ impl Store {
         };
         self.postings.insert(key, bytes, decoded.clone());
         Ok(decoded)
+    }
+
+    /// Rows of a block (of `rows` rows) that hold, for every dimension of `filter`, one of its
+    /// terms: its postings, intersected smallest first. Kept per block and filter, as a
+    /// repeated query (a dashboard's refresh) asks the same of the same immutable blocks; a
+    /// new block is looked up once. The query-condition cache of other column stores, on
+    /// postings instead of granules.
+    pub fn rows_matching(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        rows: u32,
+        filter: &TermFilter,
+    ) -> Result<Arc<RoaringBitmap>> {
+        let mut key = keys::postings(tenant, addr, "");
+        key.extend_from_slice(filter.text());
+        if let Some(found) = self.matches.get(&key) {
+            return Ok(found);
+        }
+        let postings = filter
+            .dims()
+            .iter()
+            .map(|(dim, _)| self.dimension_shared(tenant, addr, dim))
+            .collect::<Result<Vec<_>>>()?;
+        let sets = filter
+            .dims()
+            .iter()
+            .zip(&postings)
+            .map(|((_, terms), postings)| terms::rows_with_any(postings, terms))
+            .collect();
+        let found = Arc::new(terms::intersect(sets, rows));
+        let weight = key.len() + found.serialized_size() + 64;
+        self.matches.insert(key, weight, found.clone());
+        Ok(found)
     }
 
     /// Compacts every column family (after a bulk load, before measuring size).

@@ -20,6 +20,7 @@ use weft_storage::block::BlockMeta;
 use weft_storage::block::format::ColumnKind;
 use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
 use weft_storage::block::writer::col;
+use weft_storage::keys::BlockAddr;
 use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, TraceId, Value};
 use weft_storage::schema::{
     ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
@@ -122,7 +123,57 @@ impl SpanColumns {
     /// Discovers the dynamic columns of a snapshot: every dynamic attribute key of its blocks
     /// and head rows, typed by what was stored (mixed ints and doubles become float64, any
     /// other mix text).
-    pub fn discover(snapshot: &Snapshot) -> Self {
+    ///
+    /// Every query sets up its tables from a fresh snapshot, which mostly holds the same block
+    /// map and head batches as the last one (both are shared and replaced, never changed):
+    /// the columns of a snapshot seen before come from a memo, with the same schema.
+    pub fn discover(snapshot: &Snapshot) -> Arc<Self> {
+        struct Seen {
+            // weak references keep the allocations, so the addresses are not reused while held
+            blocks: Weak<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
+            head: Vec<Weak<Vec<SpanRecord>>>,
+            columns: Arc<SpanColumns>,
+        }
+        impl Seen {
+            fn is(&self, s: &Snapshot) -> bool {
+                std::ptr::eq(self.blocks.as_ptr(), Arc::as_ptr(&s.blocks))
+                    && self.head.len() == s.head.batches.len()
+                    && self
+                        .head
+                        .iter()
+                        .zip(&s.head.batches)
+                        .all(|(w, b)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(b)))
+            }
+        }
+        // a few snapshots per tenant at a time; dropped data leaves dead entries, cleared when full
+        const SEEN: usize = 64;
+        static MEMO: OnceLock<Mutex<Vec<Seen>>> = OnceLock::new();
+        let memo = MEMO.get_or_init(Default::default);
+        if let Some(seen) = memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|seen| seen.is(snapshot))
+        {
+            return seen.columns.clone();
+        }
+        let columns = Arc::new(Self::discover_keys(snapshot));
+        let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= SEEN {
+            memo.retain(|s| s.blocks.strong_count() > 0);
+            if memo.len() >= SEEN {
+                memo.remove(0);
+            }
+        }
+        memo.push(Seen {
+            blocks: Arc::downgrade(&snapshot.blocks),
+            head: snapshot.head.batches.iter().map(Arc::downgrade).collect(),
+            columns: columns.clone(),
+        });
+        columns
+    }
+
+    fn discover_keys(snapshot: &Snapshot) -> Self {
         let mut keys: BTreeMap<String, Vec<ColumnType>> = BTreeMap::new();
         let mut offer = |key: &str, ty: ColumnType| {
             let types = keys.entry(key.to_owned()).or_default();
@@ -147,7 +198,7 @@ impl SpanColumns {
         Self::with_dynamic(keys)
     }
 
-    fn with_dynamic(keys: BTreeMap<String, Vec<ColumnType>>) -> Self {
+    pub(super) fn with_dynamic(keys: BTreeMap<String, Vec<ColumnType>>) -> Self {
         let mut fields = Vec::new();
         let mut cols = Vec::new();
         for (name, c) in FIXED {

@@ -17,6 +17,7 @@ use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, TenantId, TraceId};
 use weft_storage::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 use weft_storage::store::Snapshot;
+use weft_storage::terms::TermFilter;
 
 use super::columns::{SpanCol, SpanColumns, dedicated_value};
 
@@ -415,6 +416,8 @@ impl ScanPlan {
                 }
             }
         }
+        let terms = (use_pushdown && !p.dims.is_empty())
+            .then(|| TermFilter::new(p.dims.iter().map(|(d, terms)| (*d, terms.as_slice()))));
         for (addr, meta) in snapshot.blocks.iter() {
             if use_pushdown && !p.block_in_range(meta) {
                 plan.blocks_pruned_by_time += 1;
@@ -424,23 +427,16 @@ impl ScanPlan {
             if use_pushdown && p.trace_ids.is_some() {
                 selected = Some(traces.get(addr).cloned().unwrap_or_default());
             }
-            if use_pushdown {
-                for (dim, terms) in &p.dims {
-                    if selected.as_ref().is_some_and(RoaringBitmap::is_empty) {
-                        break;
-                    }
-                    let postings = store.dimension_shared(tenant, *addr, dim).map_err(err)?;
-                    let mut union = RoaringBitmap::new();
-                    for (t, rows) in postings.iter() {
-                        if terms.contains(t) {
-                            union |= rows;
-                        }
-                    }
-                    selected = Some(match selected {
-                        None => union,
-                        Some(s) => s & union,
-                    });
-                }
+            if let Some(filter) = &terms
+                && !selected.as_ref().is_some_and(RoaringBitmap::is_empty)
+            {
+                let matching = store
+                    .rows_matching(tenant, *addr, meta.rows, filter)
+                    .map_err(err)?;
+                selected = Some(match selected {
+                    Some(s) => s & matching.as_ref(),
+                    None => matching.as_ref().clone(),
+                });
             }
             let rows = match selected {
                 None => Rows::All,

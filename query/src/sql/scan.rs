@@ -538,6 +538,97 @@ impl ExecutionPlan for WeftScanExec {
             })
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
+        // Without a parent's dynamic filter, whose threshold moves batch by batch, the few
+        // rows of many blocks (an index-served scan) go up as one batch: operators above pay
+        // a fixed cost per batch, which a few rows do not cover.
+        if self.parent_filters.is_empty() {
+            let stream = Gathered {
+                inner: Box::pin(stream),
+                schema: schema.clone(),
+                target: batch_size,
+                held: Vec::new(),
+                held_rows: 0,
+                next: None,
+                done: false,
+            };
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Batches of at most this many rows are gathered into batches of the session's batch size.
+const GATHER_ROWS: usize = INLINE_READ_ROWS;
+
+/// A scan's batches with the small ones gathered: each batch of at most [`GATHER_ROWS`] rows
+/// waits for more until together they would pass `target` rows, a larger batch comes (which
+/// then follows them, the order kept) or the scan ends.
+struct Gathered {
+    inner: std::pin::Pin<Box<dyn futures::Stream<Item = Result<RecordBatch>> + Send>>,
+    schema: SchemaRef,
+    target: usize,
+    held: Vec<RecordBatch>,
+    held_rows: usize,
+    /// A large batch that comes out after the gathered ones.
+    next: Option<RecordBatch>,
+    done: bool,
+}
+
+impl Gathered {
+    fn release(&mut self) -> Result<RecordBatch> {
+        let batches = std::mem::take(&mut self.held);
+        self.held_rows = 0;
+        match batches.len() {
+            1 => Ok(batches.into_iter().next().expect("one batch")),
+            _ => Ok(arrow::compute::concat_batches(&self.schema, &batches)?),
+        }
+    }
+}
+
+impl futures::Stream for Gathered {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        loop {
+            if let Some(b) = self.next.take() {
+                return Poll::Ready(Some(Ok(b)));
+            }
+            if self.done {
+                if self.held.is_empty() {
+                    return Poll::Ready(None);
+                }
+                return Poll::Ready(Some(self.release()));
+            }
+            match self.inner.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => self.done = true,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(b))) if b.num_rows() > GATHER_ROWS => {
+                    if self.held.is_empty() {
+                        return Poll::Ready(Some(Ok(b)));
+                    }
+                    self.next = Some(b);
+                    return Poll::Ready(Some(self.release()));
+                }
+                Poll::Ready(Some(Ok(b))) => {
+                    let n = b.num_rows();
+                    if self.held_rows + n > self.target {
+                        let out = self.release();
+                        self.held_rows = n;
+                        self.held.push(b);
+                        return Poll::Ready(Some(out));
+                    }
+                    self.held_rows += n;
+                    self.held.push(b);
+                    if self.held_rows == self.target {
+                        return Poll::Ready(Some(self.release()));
+                    }
+                }
+            }
+        }
     }
 }

@@ -57,7 +57,7 @@ fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
 /// other tables share with `spans`. Built once.
 fn fixed_spans_columns() -> &'static SpanColumns {
     static FIXED: std::sync::OnceLock<SpanColumns> = std::sync::OnceLock::new();
-    FIXED.get_or_init(|| SpanColumns::discover(&Snapshot::default()))
+    FIXED.get_or_init(|| SpanColumns::with_dynamic(Default::default()))
 }
 
 /// Filters that only use `shared` columns, which mean the same as on `spans`.
@@ -119,7 +119,7 @@ fn head_records<'a>(ctx: &'a TableContext, rows: &[(u32, u32)]) -> Vec<&'a SpanR
 #[derive(Debug)]
 pub struct SpansTable {
     ctx: TableContext,
-    columns: SpanColumns,
+    columns: Arc<SpanColumns>,
 }
 
 impl SpansTable {
@@ -132,7 +132,7 @@ impl SpansTable {
 #[derive(Debug)]
 struct SpansSource {
     ctx: TableContext,
-    columns: SpanColumns,
+    columns: Arc<SpanColumns>,
     pushdown: Pushdown,
     head: Vec<(u32, u32)>,
 }

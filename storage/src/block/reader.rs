@@ -120,12 +120,18 @@ impl TraceRuns {
         Self { starts, ids }
     }
 
-    /// The run index of each of the given rows (ascending).
+    /// The run index of each of the given rows (ascending): the next run is checked first
+    /// (rows read in full), then the rest is searched (a few rows picked out of thousands of
+    /// runs by an index).
     pub fn runs_of(&self, rows: impl Iterator<Item = u32>) -> Vec<u32> {
         let mut run = 0usize;
         rows.map(|row| {
-            while run + 1 < self.starts.len() && self.starts[run + 1] <= row {
+            let next = |r: usize| self.starts.get(r + 1).is_some_and(|&s| s <= row);
+            if next(run) {
                 run += 1;
+                if next(run) {
+                    run += self.starts[run + 1..].partition_point(|&s| s <= row);
+                }
             }
             run as u32
         })
@@ -886,5 +892,43 @@ impl SharedDecoder {
         let s = Arc::new(Reader::new(bytes).scope()?);
         self.scope = Some((bytes.to_vec(), s.clone()));
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TraceRuns;
+    use crate::model::TraceId;
+
+    /// The run of each row, found by walking every run.
+    fn walked(starts: &[u32], row: u32) -> u32 {
+        (starts.iter().rposition(|&s| s <= row).unwrap_or(0)) as u32
+    }
+
+    #[test]
+    fn runs_of_rows_dense_and_sparse() {
+        // runs of 1 to 7 rows, over 2,000 rows
+        let mut starts = Vec::new();
+        let mut at = 0u32;
+        while at < 2_000 {
+            starts.push(at);
+            at += 1 + (at * 7 + 3) % 7;
+        }
+        let runs = TraceRuns::new(
+            starts
+                .iter()
+                .map(|&s| (s, TraceId([s as u8; 16])))
+                .collect(),
+        );
+        for step in [1u32, 2, 3, 5, 17, 64, 333, 1999] {
+            let rows: Vec<u32> = (0..2_000).step_by(step as usize).collect();
+            let expect: Vec<u32> = rows.iter().map(|&r| walked(&starts, r)).collect();
+            assert_eq!(
+                runs.runs_of(rows.iter().copied()),
+                expect,
+                "every {step}th row"
+            );
+        }
+        assert!(runs.runs_of(std::iter::empty()).is_empty());
     }
 }
