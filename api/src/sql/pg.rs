@@ -17,7 +17,6 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::common::ScalarValue;
-use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Sink, Stream, StreamExt};
 use pgwire::api::auth::md5pass::{Md5PasswordAuthStartupHandler, hash_md5_password};
@@ -38,7 +37,7 @@ use pgwire::messages::data::DataRow;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 use weft_query::sql::functions::{PG_VERSION, setting};
-use weft_query::sql::{QueryStream, Session, SqlError, SqlErrorKind, parse};
+use weft_query::sql::{Prepared, QueryStream, Session, SqlError, SqlErrorKind, parse};
 use weft_storage::model::TenantId;
 
 use crate::state::SharedState;
@@ -564,7 +563,7 @@ impl Backend {
                     let plan = plan
                         .with_param_values(params)
                         .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?;
-                    session.optimise(&plan).map_err(sql_error)?
+                    session.optimise(&plan).map_err(sql_error)?.into()
                 };
                 self.respond(session, plan, format, started).await
             }
@@ -575,7 +574,7 @@ impl Backend {
     async fn respond(
         &self,
         session: Session,
-        plan: LogicalPlan,
+        plan: Prepared,
         format: Option<&Format>,
         started: std::time::Instant,
     ) -> PgWireResult<Response> {

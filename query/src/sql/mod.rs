@@ -338,6 +338,22 @@ impl SqlEngine {
     }
 }
 
+/// An optimised plan ready to start, and where its physical plan is kept when its text's
+/// plan is (see [`plans::Slot`]).
+pub struct Prepared {
+    pub plan: LogicalPlan,
+    physical: Option<plans::Slot>,
+}
+
+impl From<LogicalPlan> for Prepared {
+    fn from(plan: LogicalPlan) -> Self {
+        Self {
+            plan,
+            physical: None,
+        }
+    }
+}
+
 /// One query's DataFusion session.
 pub struct Session {
     pub ctx: SessionContext,
@@ -376,24 +392,33 @@ impl Session {
         &self,
         text: &str,
         statement: impl FnOnce() -> Result<Statement, SqlError>,
-    ) -> Result<LogicalPlan, SqlError> {
-        if let Some(plan) = self.kept(text).await? {
-            return Ok(plan);
+    ) -> Result<Prepared, SqlError> {
+        if let Some(prepared) = self.kept(text).await? {
+            return Ok(prepared);
         }
         let analysed = self.plan(statement()?).await?;
         let optimised = self.optimise(&analysed)?;
-        self.plans
+        let physical = self
+            .plans
             .keep(&self.tenant, self.pushdown, text, &analysed, &optimised);
-        Ok(optimised)
+        Ok(Prepared {
+            plan: optimised,
+            physical,
+        })
     }
 
     /// The optimised plan kept from an earlier query of this text, bound to this session's
     /// tables, if there is one.
-    pub async fn kept(&self, text: &str) -> Result<Option<LogicalPlan>, SqlError> {
-        self.plans
+    pub async fn kept(&self, text: &str) -> Result<Option<Prepared>, SqlError> {
+        Ok(self
+            .plans
             .take(&self.ctx, &self.tenant, self.pushdown, text)
             .await
-            .map_err(|e| SqlError::from_datafusion(e, true))
+            .map_err(|e| SqlError::from_datafusion(e, true))?
+            .map(|(plan, physical)| Prepared {
+                plan,
+                physical: Some(physical),
+            }))
     }
 
     /// Runs DataFusion's logical optimizer over a plan from [`Session::plan`].
@@ -406,15 +431,44 @@ impl Session {
     }
 
     /// Starts an optimised plan: physical planning (where the scans choose their blocks from
-    /// this session's snapshot), then execution.
-    pub async fn execute_optimised(&self, plan: LogicalPlan) -> Result<QueryStream, SqlError> {
+    /// this session's snapshot), then execution. A plan kept with a reusable physical plan
+    /// rebuilds that one instead, its scans choosing their blocks from this session's
+    /// snapshot as well.
+    pub async fn execute_optimised(
+        &self,
+        prepared: impl Into<Prepared>,
+    ) -> Result<QueryStream, SqlError> {
+        let Prepared {
+            plan,
+            physical: slot,
+        } = prepared.into();
+        let df = |e| SqlError::from_datafusion(e, false);
         let state = self.ctx.state();
         let schema = Arc::new(plan.schema().as_arrow().clone());
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&plan, &state)
-            .await
-            .map_err(|e| SqlError::from_datafusion(e, false))?;
+        let template = slot
+            .as_ref()
+            .and_then(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        let rebuilt = match &template {
+            Some(t) => plans::rebuild(t, &self.ctx).await.map_err(df)?,
+            None => None,
+        };
+        let physical = match rebuilt {
+            Some(p) => p,
+            None => {
+                let p = state
+                    .query_planner()
+                    .create_physical_plan(&plan, &state)
+                    .await
+                    .map_err(df)?;
+                if let Some(slot) = &slot
+                    && template.is_none()
+                    && plans::keepable(&p, &plan)
+                {
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
+                }
+                p
+            }
+        };
         let task = Arc::new(TaskContext::from(&state).with_runtime(self.runtime.clone()));
         let stream = datafusion::physical_plan::execute_stream(physical, task)
             .map_err(|e| SqlError::from_datafusion(e, false))?;

@@ -16,13 +16,27 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use datafusion::catalog::TableProvider;
 use datafusion::common::TableReference;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan, TableSource, Volatility};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::prelude::SessionContext;
 use weft_storage::model::TenantId;
+
+use super::scan::WeftScanExec;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -41,8 +55,13 @@ impl Key {
     }
 }
 
+/// Where the physical plan of a kept logical plan is kept, once it is known to be reusable
+/// (see [`keepable`]): a template that each later query rebuilds with its own scans.
+pub type Slot = Arc<Mutex<Option<Arc<dyn ExecutionPlan>>>>;
+
 struct Entry {
     plan: LogicalPlan,
+    physical: Slot,
     /// The cache's clock when the entry was last used (the least recent goes first).
     used: u64,
 }
@@ -91,7 +110,20 @@ impl PlanCache {
                 .contains_key(&Key::new(tenant, pushdown, text))
     }
 
-    fn get(&self, key: &Key) -> Option<LogicalPlan> {
+    /// Whether the plan of this text is kept with its physical plan.
+    pub fn holds_physical(&self, tenant: &TenantId, pushdown: bool, text: &str) -> bool {
+        self.lock()
+            .entries
+            .get(&Key::new(tenant, pushdown, text))
+            .is_some_and(|e| {
+                e.physical
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some()
+            })
+    }
+
+    fn get(&self, key: &Key) -> Option<(LogicalPlan, Slot)> {
         if self.capacity == 0 {
             return None;
         }
@@ -100,13 +132,13 @@ impl PlanCache {
         let now = inner.clock;
         inner.entries.get_mut(key).map(|e| {
             e.used = now;
-            e.plan.clone()
+            (e.plan.clone(), e.physical.clone())
         })
     }
 
-    fn put(&self, key: Key, plan: LogicalPlan) {
+    fn put(&self, key: Key, plan: LogicalPlan) -> Option<Slot> {
         if self.capacity == 0 {
-            return;
+            return None;
         }
         let mut inner = self.lock();
         inner.clock += 1;
@@ -121,7 +153,16 @@ impl PlanCache {
                 inner.entries.remove(&oldest);
             }
         }
-        inner.entries.insert(key, Entry { plan, used });
+        let physical = Slot::default();
+        inner.entries.insert(
+            key,
+            Entry {
+                plan,
+                physical: physical.clone(),
+                used,
+            },
+        );
+        Some(physical)
     }
 
     /// The kept plan of this text, its scans bound to the tables of `ctx`; `None` when there
@@ -132,20 +173,20 @@ impl PlanCache {
         tenant: &TenantId,
         pushdown: bool,
         text: &str,
-    ) -> Result<Option<LogicalPlan>> {
+    ) -> Result<Option<(LogicalPlan, Slot)>> {
         let key = Key::new(tenant, pushdown, text);
-        let Some(plan) = self.get(&key) else {
+        let Some((plan, physical)) = self.get(&key) else {
             return Ok(None);
         };
         let rebound = rebind(plan, ctx).await?;
         if rebound.is_none() {
             self.lock().entries.remove(&key);
         }
-        Ok(rebound)
+        Ok(rebound.map(|plan| (plan, physical)))
     }
 
     /// Keeps an optimised plan of this text, if `analysed` (the plan before optimisation)
-    /// may be reused.
+    /// may be reused; the slot for its physical plan when it was kept.
     pub fn keep(
         &self,
         tenant: &TenantId,
@@ -153,9 +194,11 @@ impl PlanCache {
         text: &str,
         analysed: &LogicalPlan,
         optimised: &LogicalPlan,
-    ) {
+    ) -> Option<Slot> {
         if reusable(analysed) {
-            self.put(Key::new(tenant, pushdown, text), optimised.clone());
+            self.put(Key::new(tenant, pushdown, text), optimised.clone())
+        } else {
+            None
         }
     }
 }
@@ -230,4 +273,102 @@ async fn rebind(plan: LogicalPlan, ctx: &SessionContext) -> Result<Option<Logica
         other => Ok(Transformed::no(other)),
     })
     .map(|t| Some(t.data))
+}
+
+/// Whether a physical plan of `logical` may be kept and rebuilt for later queries (see
+/// [`rebuild`]): every operator is one whose only state is reset when rebuilt, every table
+/// is read by a scan that can be bound again (none folded into a constant from statistics,
+/// as `count(*)` can be), and no operator pushed a dynamic filter (a TopK's or a join's,
+/// wired between operators when the plan is optimised).
+pub fn keepable(physical: &Arc<dyn ExecutionPlan>, logical: &LogicalPlan) -> bool {
+    let mut tables = 0usize;
+    let _ = logical.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(_) = node {
+            tables += 1;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let mut scans = 0usize;
+    let mut simple = true;
+    let _ = physical.apply(|node| {
+        let node = node.as_ref();
+        simple = if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
+            scans += 1;
+            !scan.has_parent_filters()
+        } else if let Some(sort) = node.downcast_ref::<SortExec>() {
+            sort.fetch().is_none()
+        } else {
+            node.is::<ProjectionExec>()
+                || node.is::<FilterExec>()
+                || node.is::<AggregateExec>()
+                || node.is::<CoalescePartitionsExec>()
+                || node.is::<RepartitionExec>()
+                || node.is::<SortPreservingMergeExec>()
+                || node.is::<CooperativeExec>()
+                || node.is::<GlobalLimitExec>()
+                || node.is::<LocalLimitExec>()
+        };
+        Ok(if simple {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    simple && scans > 0 && scans == tables
+}
+
+/// A plan accepted by [`keepable`] rebuilt for the query of `ctx`: each scan bound to the
+/// table of the same name in its session (its snapshot: the blocks and rows chosen again),
+/// every other operator copied with fresh state. `None` when a table is gone or changed
+/// schema. Skips physical planning and the physical optimizer, which for a small indexed
+/// query cost as much as running it.
+pub async fn rebuild(
+    template: &Arc<dyn ExecutionPlan>,
+    ctx: &SessionContext,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let mut names = Vec::new();
+    template.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<WeftScanExec>()
+            && !names.contains(&scan.table())
+        {
+            names.push(scan.table());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut tables = Vec::with_capacity(names.len());
+    for name in names {
+        let Ok(provider) = ctx.table_provider(name).await else {
+            return Ok(None);
+        };
+        tables.push((name, provider));
+    }
+    copy(template, &tables)
+}
+
+fn copy(
+    node: &Arc<dyn ExecutionPlan>,
+    tables: &[(&str, Arc<dyn TableProvider>)],
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
+        let Some((_, table)) = tables.iter().find(|(n, _)| *n == scan.table()) else {
+            return Ok(None);
+        };
+        return Ok(scan
+            .rebind(table.as_ref())?
+            .map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>));
+    }
+    let mut children = Vec::new();
+    for child in node.children() {
+        match copy(child, tables)? {
+            Some(c) => children.push(c),
+            None => return Ok(None),
+        }
+    }
+    // the rebound scans have the properties the plan was optimised with (same schema and
+    // partition count): nothing above is recomputed, only its state made new
+    let copied = Arc::clone(node).replace_children(
+        children,
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep),
+    )?;
+    Ok(Some(copied.reset_state()?))
 }

@@ -19,6 +19,7 @@ use arrow::array::{
 };
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -68,6 +69,14 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     /// Everything that decides what the scan reads (beyond table and projection), complete:
     /// two scans of one query with equal keys return the same rows.
     fn share_key(&self) -> String;
+    /// The same read (same filters) over `table`, the same table in a later query's session,
+    /// with its blocks and rows chosen again; `None` when this source cannot be rebound.
+    fn rescan(
+        &self,
+        _table: &dyn TableProvider,
+    ) -> Result<Option<(Arc<dyn ScanSource>, ScanPlan)>> {
+        Ok(None)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -108,16 +117,28 @@ impl WeftScanExec {
         let schema = Arc::new(full.project(&projection)?);
         let small = plan.rows_selected.saturating_add(source.head_rows() as u64) <= SMALL_SCAN_ROWS
             && plan.blocks.len() <= SMALL_SCAN_BLOCKS;
-        let mut works = vec![Work::Head];
-        works.extend((0..plan.blocks.len()).map(Work::Block));
+        let works = 1 + plan.blocks.len();
         // a scan of few rows in few blocks (an index-served lookup) is one partition:
         // splitting it buys no parallelism and costs the plan a merge or a repartition (a few
         // rows from each of many blocks still gain from reading blocks two at a time)
         let n = if small {
             1
         } else {
-            target_partitions.clamp(1, works.len())
+            target_partitions.clamp(1, works)
         };
+        Self::with_partitions(source, plan, projection, schema, limit, n)
+    }
+
+    fn with_partitions(
+        source: Arc<dyn ScanSource>,
+        plan: ScanPlan,
+        projection: Vec<usize>,
+        schema: SchemaRef,
+        limit: Option<usize>,
+        n: usize,
+    ) -> Result<Self> {
+        let mut works = vec![Work::Head];
+        works.extend((0..plan.blocks.len()).map(Work::Block));
         let mut partitions = vec![Vec::new(); n];
         for (i, w) in works.into_iter().enumerate() {
             partitions[i % n].push(w);
@@ -140,6 +161,40 @@ impl WeftScanExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// The same scan over the table of a later query's session (its own snapshot): the same
+    /// filters, projection, limit and partition count (the plan above was built for it), the
+    /// blocks and rows chosen again. `None` when the table has changed schema or its scans
+    /// cannot be rebound. Dynamic filters are not carried over (a rebound plan has none: see
+    /// `plans`).
+    pub fn rebind(&self, table: &dyn TableProvider) -> Result<Option<Self>> {
+        let Some((source, plan)) = self.source.rescan(table)? else {
+            return Ok(None);
+        };
+        if source.schema() != self.source.schema() {
+            return Ok(None);
+        }
+        let mut scan = Self::with_partitions(
+            source,
+            plan,
+            self.projection.clone(),
+            self.schema.clone(),
+            self.limit,
+            self.partitions.len(),
+        )?;
+        scan.row_filters = self.row_filters.clone();
+        Ok(Some(scan))
+    }
+
+    /// The table read.
+    pub fn table(&self) -> &'static str {
+        self.source.table()
+    }
+
+    /// Whether parent operators pushed dynamic filters into this scan.
+    pub fn has_parent_filters(&self) -> bool {
+        !self.parent_filters.is_empty()
     }
 
     /// What decides this scan's output: equal keys within one query mean equal rows (dynamic

@@ -184,6 +184,29 @@ impl ScanSource for SpansSource {
     fn share_key(&self) -> String {
         format!("pushdown={} {:?}", self.ctx.pushdown, self.pushdown)
     }
+    fn rescan(&self, table: &dyn TableProvider) -> Result<Option<(Arc<dyn ScanSource>, ScanPlan)>> {
+        let Some(table) = table.downcast_ref::<SpansTable>() else {
+            return Ok(None);
+        };
+        if table.ctx.pushdown != self.ctx.pushdown || table.columns.schema != self.columns.schema {
+            return Ok(None);
+        }
+        let ctx = &table.ctx;
+        let plan = ScanPlan::build(
+            &ctx.store,
+            &ctx.tenant,
+            &ctx.snapshot,
+            &self.pushdown,
+            ctx.pushdown,
+        )?;
+        let source = SpansSource {
+            ctx: ctx.clone(),
+            columns: table.columns.clone(),
+            pushdown: self.pushdown.clone(),
+            head: head_rows(ctx, &self.pushdown),
+        };
+        Ok(Some((Arc::new(source), plan)))
+    }
 }
 
 #[async_trait]

@@ -715,3 +715,51 @@ fn kept_plans_read_each_query_s_own_snapshot() {
         assert_eq!(after, before + 1, "the new dynamic column shows");
     });
 }
+
+#[test]
+fn kept_physical_plans_rebuild_their_scans_over_each_snapshot() {
+    let f = fixture();
+    block_on(async {
+        let plans = f.engine.plans();
+        let held = |sql: &str| plans.holds_physical(&f.tenant, true, sql);
+        // an aggregate over an index-served scan: its physical plan is kept and rebuilt
+        let by_worker = "SELECT \"worker.id\", count(*), count(DISTINCT trace_id) FROM spans \
+                         WHERE \"llm.model_version\" = 'v2' GROUP BY 1 ORDER BY 1";
+        let first = rows(&f, by_worker, true).await.unwrap();
+        assert!(held(by_worker), "the physical plan is kept");
+        assert_eq!(rows(&f, by_worker, true).await.unwrap(), first);
+        assert_eq!(rows(&f, by_worker, false).await.unwrap(), first);
+
+        // new rows in the head, then in new blocks: each run reads its own snapshot
+        f.engine.store().append(&f.tenant, spans(21, 30)).unwrap();
+        let plain = rows(&f, by_worker, false).await.unwrap();
+        assert_ne!(plain, first, "the new rows change the answer");
+        assert_eq!(rows(&f, by_worker, true).await.unwrap(), plain);
+        f.engine.store().flush(true).unwrap();
+        f.engine.store().append(&f.tenant, spans(22, 30)).unwrap();
+        f.engine.store().flush(true).unwrap();
+        let plain = rows(&f, by_worker, false).await.unwrap();
+        assert_eq!(rows(&f, by_worker, true).await.unwrap(), plain);
+        assert!(held(by_worker));
+
+        // operators wired by dynamic filters (a TopK, a join) are planned every time
+        let newest = "SELECT span_id FROM spans ORDER BY start_time DESC, span_id LIMIT 3";
+        let joined = "SELECT count(*) FROM spans a JOIN spans b ON a.trace_id = b.trace_id \
+                      WHERE a.name = 'POST /v1/chat/completions' AND b.name = 'llm.generate'";
+        for sql in [newest, joined] {
+            let once = rows(&f, sql, true).await.unwrap();
+            assert!(
+                plans.holds(&f.tenant, true, sql),
+                "{sql}: the logical plan is kept"
+            );
+            assert!(!held(sql), "{sql}: the physical plan is not");
+            f.engine.store().append(&f.tenant, spans(23, 5)).unwrap();
+            assert_eq!(
+                rows(&f, sql, true).await.unwrap(),
+                rows(&f, sql, false).await.unwrap(),
+                "{sql}"
+            );
+            assert!(!once.is_empty());
+        }
+    });
+}
