@@ -631,12 +631,14 @@ struct Gathered {
 
 impl Gathered {
     fn release(&mut self) -> Result<RecordBatch> {
-        let batches = std::mem::take(&mut self.held);
+        let mut batches = std::mem::take(&mut self.held);
         self.held_rows = 0;
-        match batches.len() {
-            1 => Ok(batches.into_iter().next().expect("one batch")),
-            _ => Ok(arrow::compute::concat_batches(&self.schema, &batches)?),
+        if batches.len() == 1
+            && let Some(one) = batches.pop()
+        {
+            return Ok(one);
         }
+        Ok(arrow::compute::concat_batches(&self.schema, &batches)?)
     }
 }
 
