@@ -111,6 +111,7 @@ impl PlanCache {
     }
 
     /// Whether the plan of this text is kept with its physical plan.
+    #[cfg(test)]
     pub fn holds_physical(&self, tenant: &TenantId, pushdown: bool, text: &str) -> bool {
         self.lock()
             .entries

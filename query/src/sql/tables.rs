@@ -127,6 +127,26 @@ impl SpansTable {
         let columns = SpanColumns::discover(&ctx.snapshot);
         Self { ctx, columns }
     }
+
+    /// A read of this table's snapshot with `pushdown`: the blocks and rows it selects, and
+    /// the source that reads them.
+    fn source(&self, pushdown: Pushdown) -> Result<(Arc<dyn ScanSource>, ScanPlan)> {
+        let plan = ScanPlan::build(
+            &self.ctx.store,
+            &self.ctx.tenant,
+            &self.ctx.snapshot,
+            &pushdown,
+            self.ctx.pushdown,
+        )?;
+        let head = head_rows(&self.ctx, &pushdown);
+        let source = SpansSource {
+            ctx: self.ctx.clone(),
+            columns: self.columns.clone(),
+            pushdown,
+            head,
+        };
+        Ok((Arc::new(source), plan))
+    }
 }
 
 #[derive(Debug)]
@@ -192,21 +212,7 @@ impl ScanSource for SpansSource {
         if table.ctx.pushdown != self.ctx.pushdown {
             return Ok(None);
         }
-        let ctx = &table.ctx;
-        let plan = ScanPlan::build(
-            &ctx.store,
-            &ctx.tenant,
-            &ctx.snapshot,
-            &self.pushdown,
-            ctx.pushdown,
-        )?;
-        let source = SpansSource {
-            ctx: ctx.clone(),
-            columns: table.columns.clone(),
-            pushdown: self.pushdown.clone(),
-            head: head_rows(ctx, &self.pushdown),
-        };
-        Ok(Some((Arc::new(source), plan)))
+        table.source(self.pushdown.clone()).map(Some)
     }
 }
 
@@ -242,23 +248,9 @@ impl TableProvider for SpansTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let pushdown = Pushdown::from_filters(&self.columns, filters);
-        let plan = ScanPlan::build(
-            &self.ctx.store,
-            &self.ctx.tenant,
-            &self.ctx.snapshot,
-            &pushdown,
-            self.ctx.pushdown,
-        )?;
-        let head = head_rows(&self.ctx, &pushdown);
-        let source = SpansSource {
-            ctx: self.ctx.clone(),
-            columns: self.columns.clone(),
-            pushdown,
-            head,
-        };
+        let (source, plan) = self.source(Pushdown::from_filters(&self.columns, filters))?;
         Ok(Arc::new(WeftScanExec::new(
-            Arc::new(source),
+            source,
             plan,
             projection,
             limit,
