@@ -315,9 +315,8 @@ impl<'a> Packed<'a> {
             exception_values: &b[values_at..words_at],
             words: &b[words_at..end],
         };
-        if page.exceptions().any(|(r, _)| r >= len) {
-            return Err(corrupt(format!("page {p}: exception past its end")));
-        }
+        // exception rows are checked where they index (`all`), not here: a point read parses
+        // the page for a few rows and would pay for walking all its exceptions
         Ok(page)
     }
 
@@ -329,10 +328,31 @@ impl<'a> Packed<'a> {
             let at = out.len();
             page.unpack_into(&mut out);
             for (r, v) in page.exceptions() {
+                if r >= page.len {
+                    return Err(corrupt(format!("page {p}: exception past its end")));
+                }
                 out[at + r as usize] = v;
             }
         }
         Ok(out)
+    }
+
+    /// Loads the bytes at the given places (from [`Cursor::locate`]) and returns them folded
+    /// into one. A caller about to read scattered rows touches a batch of them first: the loads
+    /// of this short loop overlap, where the same loads one per row, each behind the work on
+    /// the row before, would wait for memory one after another.
+    pub fn touch(&self, places: &[usize]) -> u8 {
+        places
+            .iter()
+            .fold(0, |x, &at| x ^ self.bytes.get(at).copied().unwrap_or(0))
+    }
+
+    /// A reader of row ranges that keeps the page it last parsed.
+    pub fn cursor(&self) -> Cursor<'_, 'a> {
+        Cursor {
+            chunk: self,
+            page: None,
+        }
     }
 
     /// The values of the given rows (ascending), each read on its own.
@@ -367,6 +387,71 @@ impl<'a> Packed<'a> {
     }
 }
 
+/// Reads runs of consecutive rows (see [`Packed::cursor`]): each run's values are unpacked in
+/// sequence and its exceptions found by binary search, and a page is parsed once however many
+/// runs fall in it, so a caller reading a few rows in each of many traces pays for those rows.
+pub struct Cursor<'c, 'a> {
+    chunk: &'c Packed<'a>,
+    page: Option<(u32, Page<'a>)>,
+}
+
+impl<'a> Cursor<'_, 'a> {
+    /// Where in the chunk `row`'s packed value lies (`None` when the row or its page cannot
+    /// be read), for [`Packed::touch`].
+    pub fn locate(&mut self, row: u32) -> Option<usize> {
+        let chunk = self.chunk;
+        if row >= chunk.rows {
+            return None;
+        }
+        let p = row / chunk.page_rows;
+        if self.page.as_ref().is_none_or(|(at, _)| *at != p) {
+            self.page = Some((p, chunk.page(p).ok()?));
+        }
+        let (_, page) = self.page.as_ref().expect("just set");
+        let bit = u64::from(row - page.first_row) * u64::from(page.width);
+        let words_at = page.words.as_ptr() as usize - chunk.bytes.as_ptr() as usize;
+        Some(words_at + (bit / 8) as usize)
+    }
+
+    /// Appends the values of rows `from..to`.
+    pub fn range(&mut self, from: u32, to: u32, out: &mut Vec<i64>) -> Result<()> {
+        let chunk = self.chunk;
+        if from > to || to > chunk.rows {
+            return Err(corrupt(format!("rows {from}..{to} of {}", chunk.rows)));
+        }
+        let mut row = from;
+        while row < to {
+            let p = row / chunk.page_rows;
+            if self.page.as_ref().is_none_or(|(at, _)| *at != p) {
+                self.page = Some((p, chunk.page(p)?));
+            }
+            let (_, page) = self.page.as_ref().expect("just set");
+            let (a, b) = (row - page.first_row, (to - page.first_row).min(page.len));
+            let at = out.len();
+            out.extend((a..b).map(|i| page.packed(i)));
+            // the page's exceptions within a..b: the first by binary search, then in order
+            let (mut lo, mut hi) = (0, page.exception_count());
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if page.exception_row(mid) < a {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            for k in lo..page.exception_count() {
+                let r = page.exception_row(k);
+                if r >= b {
+                    break;
+                }
+                out[at + (r - a) as usize] = page.exception_value(k);
+            }
+            row = page.first_row + b;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +464,20 @@ mod tests {
         let rows: Vec<u32> = (0..values.len() as u32).filter(|r| r % 3 != 1).collect();
         let want: Vec<i64> = rows.iter().map(|r| values[*r as usize]).collect();
         assert_eq!(chunk.pick(rows.into_iter()).unwrap(), want);
+        // runs of rows, within and across pages, through one cursor
+        let n = values.len() as u32;
+        let mut cursor = chunk.cursor();
+        for (from, len) in [(0, 3), (n / 2, 7), (n.saturating_sub(5), 5), (0, n), (1, 0)] {
+            let (from, to) = (from.min(n), (from + len).min(n));
+            let mut got = Vec::new();
+            cursor.range(from, to, &mut got).unwrap();
+            assert_eq!(
+                got,
+                &values[from as usize..to as usize],
+                "rows {from}..{to}"
+            );
+        }
+        assert!(cursor.range(0, n + 1, &mut Vec::new()).is_err());
         let backwards: Vec<u32> = (0..values.len() as u32).rev().step_by(5).collect();
         let want: Vec<i64> = backwards.iter().map(|r| values[*r as usize]).collect();
         assert_eq!(chunk.pick(backwards.into_iter()).unwrap(), want);

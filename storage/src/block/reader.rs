@@ -361,6 +361,12 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let page = PAGE_ROWS as u32;
         let total = self.meta.rows;
         let runs = self.source.trace_runs()?;
+        if let (Rows::Set(set), Some(runs)) = (rows, &runs)
+            && set.len() * 2 <= u64::from(total)
+            && let Some(times) = self.sparse_times(set, &runs.starts)?
+        {
+            return Ok(times);
+        }
         let widened = match rows {
             Rows::All => Rows::All,
             Rows::Range(start, len) => {
@@ -455,6 +461,85 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
         }
         Ok(out)
+    }
+
+    /// Start times and durations of a few rows of a block whose two chunks are bit-packed:
+    /// each row's start is rebuilt from the first row of its trace run or page (whichever is
+    /// later), or from the row asked before it when that lies between, reading only those
+    /// rows' gaps and durations. `None` when a chunk is not bit-packed.
+    fn sparse_times(
+        &self,
+        set: &RoaringBitmap,
+        run_starts: &[u32],
+    ) -> Result<Option<(Vec<i64>, Vec<i64>)>> {
+        let chunk = |name: &str| -> Result<Bytes> {
+            self.source.chunk(name)?.ok_or_else(|| {
+                StorageError::corrupt("block", format!("column chunk {name} missing"))
+            })
+        };
+        let (gaps, durations) = (chunk(col::START)?, chunk(col::DURATION)?);
+        if !packed::is_packed(&gaps) || !packed::is_packed(&durations) {
+            return Ok(None);
+        }
+        let (gaps, durations) = (
+            packed::Packed::parse(&gaps)?,
+            packed::Packed::parse(&durations)?,
+        );
+        let total = self.meta.rows;
+        if gaps.rows() != total || durations.rows() != total {
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!("start or duration: not {total} rows"),
+            ));
+        }
+        let reads = sparse_reads(set, run_starts);
+        let (mut gap_cursor, mut duration_cursor) = (gaps.cursor(), durations.cursor());
+        let (mut gap_ahead, mut duration_ahead) = (gaps.cursor(), durations.cursor());
+        let (mut gap_run, mut duration_run) = (Vec::new(), Vec::new());
+        let mut gap_places = Vec::with_capacity(2 * TOUCH_AHEAD);
+        let mut duration_places = Vec::with_capacity(2 * TOUCH_AHEAD);
+        let (mut starts, mut out_durations) = (
+            Vec::with_capacity(reads.len()),
+            Vec::with_capacity(reads.len()),
+        );
+        let mut end = 0i64;
+        for (j, read) in reads.iter().enumerate() {
+            if j % TOUCH_AHEAD == 0 {
+                gap_places.clear();
+                duration_places.clear();
+                for r in reads[j..].iter().take(TOUCH_AHEAD) {
+                    gap_places.extend(
+                        [r.from, r.row]
+                            .map(|row| gap_ahead.locate(row))
+                            .into_iter()
+                            .flatten(),
+                    );
+                    duration_places.extend(
+                        [r.from, r.row]
+                            .map(|row| duration_ahead.locate(row))
+                            .into_iter()
+                            .flatten(),
+                    );
+                }
+                std::hint::black_box(gaps.touch(&gap_places) ^ durations.touch(&duration_places));
+            }
+            gap_run.clear();
+            duration_run.clear();
+            gap_cursor.range(read.from, read.row + 1, &mut gap_run)?;
+            duration_cursor.range(read.from, read.row + 1, &mut duration_run)?;
+            let mut start = 0;
+            for (i, (&gap, &duration)) in gap_run.iter().zip(&duration_run).enumerate() {
+                start = if i == 0 && !read.after_previous {
+                    gap
+                } else {
+                    end.wrapping_add(gap)
+                };
+                end = start.wrapping_add(duration);
+            }
+            starts.push(start);
+            out_durations.push(*duration_run.last().expect("the row itself was read"));
+        }
+        Ok(Some((starts, out_durations)))
     }
 
     /// An attribute column's values for the given rows; `None` when the block lacks it.
@@ -722,6 +807,55 @@ fn pick_packed(
     } else {
         chunk.pick(rows)
     }
+}
+
+/// Rows read ahead of use in [`BlockReader::sparse_times`]: enough loads in flight to hide
+/// memory latency, few enough that the touched lines are still cached when read.
+const TOUCH_AHEAD: usize = 32;
+
+/// What [`BlockReader::sparse_times`] reads for one asked row.
+struct SparseRead {
+    /// The asked row.
+    row: u32,
+    /// The first row read: the latest row at or before `row` holding an absolute time (the
+    /// first of its trace run or page), or the row after the previous asked row when that lies
+    /// between.
+    from: u32,
+    /// Whether `from` continues from the previous asked row's end.
+    after_previous: bool,
+}
+
+/// The reads rebuilding the start times of `set` (ascending) from gaps, given the first rows
+/// of the block's trace runs (ascending).
+fn sparse_reads(set: &RoaringBitmap, run_starts: &[u32]) -> Vec<SparseRead> {
+    let page = PAGE_ROWS as u32;
+    let mut reads: Vec<SparseRead> = Vec::with_capacity(set.len() as usize);
+    let mut run = 0usize;
+    for row in set {
+        while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
+            run += 1;
+        }
+        let run_start = run_starts
+            .get(run)
+            .copied()
+            .filter(|s| *s <= row)
+            .unwrap_or(0);
+        let absolute = run_start.max(row - row % page);
+        let read = match reads.last() {
+            Some(previous) if previous.row >= absolute => SparseRead {
+                row,
+                from: previous.row + 1,
+                after_previous: true,
+            },
+            _ => SparseRead {
+                row,
+                from: absolute,
+                after_previous: false,
+            },
+        };
+        reads.push(read);
+    }
+    reads
 }
 
 /// Absolute start times from gaps: a row starts at its gap when it is the first of the rows,
