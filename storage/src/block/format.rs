@@ -2,7 +2,8 @@
 //!
 //! **Column chunk** (key `chunk`): a single-column Parquet file of one row group, no Arrow
 //! metadata, pages of [`PAGE_ROWS`] rows with an offset index (so that a row range decodes only
-//! its pages), zstd-compressed, with an encoding chosen per column ([`Enc`]): dictionary/RLE for
+//! its pages), zstd-compressed where that saves at least a tenth (else uncompressed, so that a
+//! read creates no codec), with an encoding chosen per column ([`Enc`]): dictionary/RLE for
 //! repeating strings and ids, delta-binary-packed for times and counters, byte-stream-split for
 //! floats, plain for random ids. Parquet is the self-describing layer: a chunk is readable by any
 //! Parquet reader. Start-time gaps and durations are the exception: bit-packed chunks
@@ -32,7 +33,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use roaring::RoaringBitmap;
 
@@ -296,11 +297,30 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
             })?;
         return Ok(super::packed::encode(ints.values(), PAGE_ROWS));
     }
+    let zstd = Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
+    let (out, metadata) = write_parquet_chunk(array, enc, zstd)?;
+    let sizes = metadata.row_groups().iter().flat_map(|g| g.columns());
+    let (compressed, raw) = sizes.fold((0, 0), |(c, r), column| {
+        (c + column.compressed_size(), r + column.uncompressed_size())
+    });
+    if compressed * 10 > raw * 9 {
+        // zstd saves less than a tenth (dictionary keys of a few values, random ids): stored
+        // uncompressed, a chunk reads without creating a codec (zstd contexts) per read
+        return Ok(write_parquet_chunk(array, enc, Compression::UNCOMPRESSED)?.0);
+    }
+    Ok(out)
+}
+
+fn write_parquet_chunk(
+    array: &ArrayRef,
+    enc: Enc,
+    compression: Compression,
+) -> Result<(Vec<u8>, ParquetMetaData)> {
     let field = Field::new("v", array.data_type().clone(), true);
     let schema = Arc::new(Schema::new(vec![field]));
     let mut props = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?))
+        .set_compression(compression)
         .set_data_page_row_count_limit(PAGE_ROWS)
         .set_write_batch_size(PAGE_ROWS)
         .set_max_row_group_row_count(Some(usize::MAX))
@@ -323,8 +343,8 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(1024);
     let mut writer = ArrowWriter::try_new_with_options(&mut out, schema.clone(), options)?;
     writer.write(&RecordBatch::try_new(schema, vec![array.clone()])?)?;
-    writer.close()?;
-    Ok(out)
+    let metadata = writer.close()?;
+    Ok((out, metadata))
 }
 
 /// Parses a chunk's footer and page locations.
@@ -419,6 +439,41 @@ mod tests {
         ]));
         let bytes = Bytes::from(encode_chunk(&array, Enc::Dict).unwrap());
         assert_eq!(decode_chunk(bytes, None).unwrap().as_ref(), array.as_ref());
+    }
+
+    #[test]
+    fn chunks_are_compressed_only_where_it_pays() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let compression = |array: ArrayRef, enc: Enc| {
+            let bytes = Bytes::from(encode_chunk(&array, enc).unwrap());
+            assert_eq!(
+                decode_chunk(bytes.clone(), None).unwrap().as_ref(),
+                array.as_ref()
+            );
+            let reader = SerializedFileReader::new(bytes).unwrap();
+            reader.metadata().row_group(0).column(0).compression()
+        };
+        // random ids: zstd finds nothing to save
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let ids: Vec<i64> = (0..20_000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as i64
+            })
+            .collect();
+        let ids: ArrayRef = Arc::new(Int64Array::from(ids));
+        assert_eq!(compression(ids, Enc::Plain), Compression::UNCOMPRESSED);
+        // repeated text: zstd saves most of it
+        let text: Vec<String> = (0..20_000)
+            .map(|i| format!("request {} of the batch was served", i % 50))
+            .collect();
+        let text: ArrayRef = Arc::new(StringArray::from(text));
+        assert!(matches!(
+            compression(text, Enc::Plain),
+            Compression::ZSTD(_)
+        ));
     }
 
     #[test]
