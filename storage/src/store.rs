@@ -21,7 +21,7 @@ use rocksdb::{
 };
 
 use crate::block::format::{decode_postings, decode_traces, encode_traces};
-use crate::block::reader::{ChunkSource, Rows, TraceRuns};
+use crate::block::reader::{ChunkSource, Postings, Rows, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
 use crate::cache::Bounded;
 use crate::codec::{decode_spans, encode_spans};
@@ -797,6 +797,12 @@ impl ChunkSource for ChunkFetcher<'_> {
         ));
         self.store.trace_runs.insert(key, 1, runs.clone());
         Ok(Some(runs))
+    }
+
+    fn postings(&self, dim: &str) -> Result<Option<Arc<Postings>>> {
+        self.store
+            .dimension_shared(&self.tenant, self.addr, dim)
+            .map(Some)
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {

@@ -601,6 +601,16 @@ pub fn read_block<S: ChunkSource>(
                     }
                 })))
             }
+            SpanCol::Dedicated(i)
+                if let Rows::Set(set) = rows
+                    && DEDICATED[*i].indexed
+                    && DEDICATED[*i].ty == ColumnType::Str
+                    && let Some(a) =
+                        reader.indexed_strings(DEDICATED[*i].name, set).map_err(s)? =>
+            {
+                // a few rows of an indexed dimension: from its postings, no chunk decoded
+                conform(a, field.data_type())?
+            }
             SpanCol::Dedicated(i) => {
                 let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
                 match reader.attribute_array(&name, rows).map_err(s)? {

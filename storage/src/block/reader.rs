@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, FixedSizeBinaryArray, Float64Array,
-    Int64Array, ListArray, StringArray,
+    Int64Array, ListArray, StringArray, UInt32Array,
 };
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
@@ -103,7 +103,19 @@ pub trait ChunkSource {
     fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
         Ok(None)
     }
+    /// Every term of one of the block's postings dimensions with its rows, if the source has
+    /// them: a few rows of an indexed string column are then read from its postings.
+    fn postings(&self, _dim: &str) -> Result<Option<Arc<Postings>>> {
+        Ok(None)
+    }
 }
+
+/// One dimension's postings of a block: each term with its rows.
+pub type Postings = Vec<(String, RoaringBitmap)>;
+
+/// Most terms a dimension may have for [`BlockReader::indexed_strings`] to answer from it:
+/// each term costs an intersection with the asked rows.
+const INDEXED_READ_TERMS: usize = 64;
 
 /// The runs of rows of one trace in a block (rows are sorted by trace): the first row of each
 /// run, ascending, and its trace id.
@@ -623,6 +635,35 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
             None => (ty, array),
         }))
+    }
+
+    /// The values of dedicated string column `dim` (indexed by postings) for a few rows, read
+    /// from the block's postings of it instead of its chunk: each row is in the rows of the
+    /// term it holds, or of none when it holds none (the writer indexes exactly the value the
+    /// column keeps). `None` when the source has no postings, the rows are not few, or the
+    /// dimension has too many terms for this to pay.
+    pub fn indexed_strings(&self, dim: &str, set: &RoaringBitmap) -> Result<Option<ArrayRef>> {
+        if set.len() * 8 > u64::from(self.meta.rows) {
+            return Ok(None);
+        }
+        let Some(postings) = self.source.postings(dim)? else {
+            return Ok(None);
+        };
+        if postings.len() > INDEXED_READ_TERMS {
+            return Ok(None);
+        }
+        let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);
+        for (t, (_, rows)) in postings.iter().enumerate() {
+            held.extend((rows & set).iter().map(|row| (row, t as u32)));
+        }
+        held.sort_unstable();
+        let mut held = held.into_iter().peekable();
+        let keys: UInt32Array = set
+            .iter()
+            .map(|row| held.next_if(|(r, _)| *r == row).map(|(_, t)| t))
+            .collect();
+        let terms = StringArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
+        Ok(Some(arrow::compute::take(&terms, &keys, None)?))
     }
 
     /// Every attribute of each row (typed columns, the generic map, and long values when asked

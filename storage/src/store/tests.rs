@@ -436,3 +436,51 @@ fn gap_encoded_start_times_read_back_across_page_boundaries() {
     let want: Vec<i64> = all[5000..5300].iter().map(|s| s.start.0 as i64).collect();
     assert_eq!(unaligned, want);
 }
+
+#[test]
+fn indexed_strings_read_from_postings_match_their_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let t = tenant("a");
+    let mut spans = random_traces(11, 300);
+    // a repeated key: the column and its postings keep the first value only
+    spans[0].attributes.push(KeyValue::new(
+        "llm.model_version",
+        Value::Str("second".into()),
+    ));
+    store.append(&t, spans).unwrap();
+    store.flush(true).unwrap();
+    let (addr, meta) = &store.blocks(&t)[0];
+    let reader = store.block_reader(&t, *addr, meta);
+    let name = format!(
+        "{}llm.model_version",
+        crate::block::writer::col::DEDICATED_PREFIX
+    );
+    for set in [
+        (0..meta.rows)
+            .filter(|r| r % 97 < 3)
+            .collect::<RoaringBitmap>(),
+        [0u32, 1, meta.rows - 1].into_iter().collect(),
+    ] {
+        let from_postings = reader
+            .indexed_strings("llm.model_version", &set)
+            .unwrap()
+            .expect("a few rows of an indexed column");
+        let from_chunk = reader
+            .column(&name, &Rows::Set(set.clone()))
+            .unwrap()
+            .unwrap();
+        let from_chunk = arrow::compute::cast(&from_chunk, from_postings.data_type()).unwrap();
+        assert_eq!(from_postings.as_ref(), from_chunk.as_ref(), "rows {set:?}");
+    }
+    let none = reader.indexed_strings("llm.model_version", &RoaringBitmap::new());
+    assert_eq!(none.unwrap().unwrap().len(), 0);
+    // most of the block: left to the chunk
+    let most: RoaringBitmap = (0..meta.rows).collect();
+    assert!(
+        reader
+            .indexed_strings("llm.model_version", &most)
+            .unwrap()
+            .is_none()
+    );
+}
