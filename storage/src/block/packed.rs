@@ -396,21 +396,27 @@ pub struct Cursor<'c, 'a> {
 }
 
 impl<'a> Cursor<'_, 'a> {
-    /// Where in the chunk `row`'s packed value lies (`None` when the row or its page cannot
-    /// be read), for [`Packed::touch`].
-    pub fn locate(&mut self, row: u32) -> Option<usize> {
+    /// Adds the places in the chunk that reading `row` will load (its packed value; on
+    /// entering a page, the lines of the page's exceptions too), for [`Packed::touch`].
+    pub fn locate(&mut self, row: u32, places: &mut Vec<usize>) {
         let chunk = self.chunk;
         if row >= chunk.rows {
-            return None;
+            return;
         }
         let p = row / chunk.page_rows;
+        let at = |part: &[u8]| part.as_ptr() as usize - chunk.bytes.as_ptr() as usize;
         if self.page.as_ref().is_none_or(|(at, _)| *at != p) {
-            self.page = Some((p, chunk.page(p).ok()?));
+            let Ok(page) = chunk.page(p) else {
+                return;
+            };
+            for part in [page.exception_rows, page.exception_values] {
+                places.extend((0..part.len()).step_by(64).map(|i| at(part) + i));
+            }
+            self.page = Some((p, page));
         }
         let (_, page) = self.page.as_ref().expect("just set");
         let bit = u64::from(row - page.first_row) * u64::from(page.width);
-        let words_at = page.words.as_ptr() as usize - chunk.bytes.as_ptr() as usize;
-        Some(words_at + (bit / 8) as usize)
+        places.push(at(page.words) + (bit / 8) as usize);
     }
 
     /// Appends the values of rows `from..to`.

@@ -520,18 +520,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 gap_places.clear();
                 duration_places.clear();
                 for r in reads[j..].iter().take(TOUCH_AHEAD) {
-                    gap_places.extend(
-                        [r.from, r.row]
-                            .map(|row| gap_ahead.locate(row))
-                            .into_iter()
-                            .flatten(),
-                    );
-                    duration_places.extend(
-                        [r.from, r.row]
-                            .map(|row| duration_ahead.locate(row))
-                            .into_iter()
-                            .flatten(),
-                    );
+                    gap_ahead.locate(r.from, &mut gap_places);
+                    gap_ahead.locate(r.row, &mut gap_places);
+                    duration_ahead.locate(r.from, &mut duration_places);
+                    duration_ahead.locate(r.row, &mut duration_places);
                 }
                 std::hint::black_box(gaps.touch(&gap_places) ^ durations.touch(&duration_places));
             }
