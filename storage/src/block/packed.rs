@@ -252,6 +252,30 @@ impl Page<'_> {
         u32::from(u16::from_le_bytes(r.try_into().expect("2 bytes")))
     }
 
+    /// The first exception at or after row `i`, searching from exception `from` (whose row
+    /// must be below `i` or be the answer): a few steps in order, then by halves.
+    fn first_exception_from(&self, i: u32, from: usize) -> usize {
+        let n = self.exception_count();
+        let near = (from + 8).min(n);
+        let mut k = from;
+        while k < near && self.exception_row(k) < i {
+            k += 1;
+        }
+        if k < near || k == n {
+            return k;
+        }
+        let (mut lo, mut hi) = (k, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.exception_row(mid) < i {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
     fn exception_value(&self, k: usize) -> i64 {
         let v = &self.exception_values[8 * k..8 * k + 8];
         i64::from_le_bytes(v.try_into().expect("8 bytes"))
@@ -352,6 +376,7 @@ impl<'a> Packed<'a> {
         Cursor {
             chunk: self,
             page: None,
+            exception: (0, 0),
         }
     }
 
@@ -393,6 +418,8 @@ impl<'a> Packed<'a> {
 pub struct Cursor<'c, 'a> {
     chunk: &'c Packed<'a>,
     page: Option<(u32, Page<'a>)>,
+    /// In that page, the first exception at or after row `.0`, the start of the last range.
+    exception: (u32, usize),
 }
 
 impl<'a> Cursor<'_, 'a> {
@@ -413,6 +440,7 @@ impl<'a> Cursor<'_, 'a> {
                 places.extend((0..part.len()).step_by(64).map(|i| at(part) + i));
             }
             self.page = Some((p, page));
+            self.exception = (0, 0);
         }
         let (_, page) = self.page.as_ref().expect("just set");
         let bit = u64::from(row - page.first_row) * u64::from(page.width);
@@ -430,22 +458,18 @@ impl<'a> Cursor<'_, 'a> {
             let p = row / chunk.page_rows;
             if self.page.as_ref().is_none_or(|(at, _)| *at != p) {
                 self.page = Some((p, chunk.page(p)?));
+                self.exception = (0, 0);
             }
             let (_, page) = self.page.as_ref().expect("just set");
             let (a, b) = (row - page.first_row, (to - page.first_row).min(page.len));
             let at = out.len();
             out.extend((a..b).map(|i| page.packed(i)));
-            // the page's exceptions within a..b: the first by binary search, then in order
-            let (mut lo, mut hi) = (0, page.exception_count());
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if page.exception_row(mid) < a {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            for k in lo..page.exception_count() {
+            // the page's exceptions within a..b, searched from where the last range's began
+            // when this one begins later (ranges read in order step over a few exceptions)
+            let (last, hint) = self.exception;
+            let first = page.first_exception_from(a, if a >= last { hint } else { 0 });
+            self.exception = (a, first);
+            for k in first..page.exception_count() {
                 let r = page.exception_row(k);
                 if r >= b {
                     break;
@@ -484,6 +508,18 @@ mod tests {
             );
         }
         assert!(cursor.range(0, n + 1, &mut Vec::new()).is_err());
+        // short runs in order, as a sparse read asks them, then one behind the last
+        let mut cursor = chunk.cursor();
+        for from in (0..n).step_by(37).chain([1.min(n)]) {
+            let to = (from + 3).min(n);
+            let mut got = Vec::new();
+            cursor.range(from, to, &mut got).unwrap();
+            assert_eq!(
+                got,
+                &values[from as usize..to as usize],
+                "rows {from}..{to}"
+            );
+        }
         let backwards: Vec<u32> = (0..values.len() as u32).rev().step_by(5).collect();
         let want: Vec<i64> = backwards.iter().map(|r| values[*r as usize]).collect();
         assert_eq!(chunk.pick(backwards.into_iter()).unwrap(), want);
