@@ -644,6 +644,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if postings.len() > INDEXED_READ_TERMS {
             return Ok(None);
         }
+        let column = format!("{}{dim}", col::DEDICATED_PREFIX);
+        if postings.is_empty() && self.meta.column(&column).is_some() {
+            // values but no postings: a block written before `dim` was indexed
+            return Ok(None);
+        }
         let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);
         for (t, (_, rows)) in postings.iter().enumerate() {
             held.extend((rows & set).iter().map(|row| (row, t as u32)));
