@@ -866,19 +866,8 @@ struct SparseRead {
 /// The reads rebuilding the start times of `set` (ascending) from gaps, given the first rows
 /// of the block's trace runs (ascending).
 fn sparse_reads(set: &RoaringBitmap, run_starts: &[u32]) -> Vec<SparseRead> {
-    let page = PAGE_ROWS as u32;
     let mut reads: Vec<SparseRead> = Vec::with_capacity(set.len() as usize);
-    let mut run = 0usize;
-    for row in set {
-        while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
-            run += 1;
-        }
-        let run_start = run_starts
-            .get(run)
-            .copied()
-            .filter(|s| *s <= row)
-            .unwrap_or(0);
-        let absolute = run_start.max(row - row % page);
+    for (row, absolute) in with_absolute(set, run_starts, PAGE_ROWS as u32) {
         let read = match reads.last() {
             Some(previous) if previous.row >= absolute => SparseRead {
                 row,
@@ -894,6 +883,27 @@ fn sparse_reads(set: &RoaringBitmap, run_starts: &[u32]) -> Vec<SparseRead> {
         reads.push(read);
     }
     reads
+}
+
+/// Each row of `set` (ascending) with the latest row at or before it holding an absolute
+/// start time: the first of its trace run (`run_starts`, ascending) or of its page.
+fn with_absolute<'s>(
+    set: &'s RoaringBitmap,
+    run_starts: &'s [u32],
+    page: u32,
+) -> impl Iterator<Item = (u32, u32)> + 's {
+    let mut run = 0usize;
+    set.iter().map(move |row| {
+        while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
+            run += 1;
+        }
+        let run_start = run_starts
+            .get(run)
+            .copied()
+            .filter(|s| *s <= row)
+            .unwrap_or(0);
+        (row, run_start.max(row - row % page))
+    })
 }
 
 /// Absolute start times from gaps: a row starts at its gap when it is the first of the rows,
@@ -925,18 +935,8 @@ fn rebuild_starts(
 /// absolute time and every row after them a gap.
 fn back_to_absolute(set: &RoaringBitmap, run_starts: &[u32], page: u32) -> RoaringBitmap {
     let mut whole = RoaringBitmap::new();
-    let mut run = 0usize;
     let mut open: Option<(u32, u32)> = None;
-    for row in set {
-        while run + 1 < run_starts.len() && run_starts[run + 1] <= row {
-            run += 1;
-        }
-        let run_start = run_starts
-            .get(run)
-            .copied()
-            .filter(|s| *s <= row)
-            .unwrap_or(0);
-        let from = run_start.max(row - row % page);
+    for (row, from) in with_absolute(set, run_starts, page) {
         // grow the open range while the next one touches it
         match &mut open {
             Some((_, to)) if from <= *to + 1 => *to = row,
