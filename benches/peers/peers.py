@@ -54,7 +54,7 @@ def duckdb_engine(parquet, workdir):
     def run(sql):
         return [[norm(v) for v in r] for r in con.execute(sql).fetchall()]
 
-    return rows, size, run
+    return rows, size, run, con.close
 
 
 def chdb_engine(parquet, workdir):
@@ -91,7 +91,7 @@ def chdb_engine(parquet, workdir):
         doc = json.loads(out.bytes().decode() or "{}")
         return [[norm(v) for v in r] for r in doc.get("data", [])]
 
-    return rows, size, run
+    return rows, size, run, s.close
 
 
 def main():
@@ -104,7 +104,9 @@ def main():
         engines = [(e, m) for e, m in engines if e in only.split(",")]
     for engine, make in engines:
         os.makedirs(os.path.join(workdir, engine), exist_ok=True)
-        rows, size, run = make(parquet, os.path.join(workdir, engine))
+        t = time.perf_counter()
+        rows, size, run, close = make(parquet, os.path.join(workdir, engine))
+        print(f"{engine}: loaded {rows} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         out = {"rows": rows, "bytes": size, "bytes_per_span": size / rows, "queries": {}}
         for q in queries:
             try:
@@ -115,6 +117,10 @@ def main():
                 out["queries"][q["id"]] = {"ms": None, "rows": [], "error": str(e)}
                 print(f"{engine} {q['id']}: {e}", file=sys.stderr)
         result[engine] = out
+        # one engine at a time: DuckDB's buffer pool (80% of RAM by default) must not stay
+        # resident while chDB loads, or a 20M-span run swaps and times both badly
+        close()
+        del run, close
     json.dump(result, sys.stdout)
 
 

@@ -407,12 +407,13 @@ pub fn run_peers(
         .arg(&spec_path)
         .arg(runs.to_string())
         .arg(workdir)
+        // its progress (load times, each query as it finishes) shows as it happens
+        .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("run {} {}", python.display(), script.display()))?;
     if !out.status.success() {
-        bail!("peers.py failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!("peers.py failed ({}): see its messages above", out.status);
     }
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).context("peers.py output")
 }
 
