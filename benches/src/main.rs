@@ -177,8 +177,8 @@ fn main() -> anyhow::Result<()> {
             tenant,
         } => {
             let messages = match file {
-                Some(f) => read_otlp(&f)?,
-                None => data.encoded(),
+                Some(f) => outbox(read_otlp(&f)?),
+                None => streamed(&data),
             };
             let report = rt.block_on(send(
                 &target,
@@ -296,39 +296,61 @@ fn span_count(message: &Bytes) -> usize {
     .unwrap_or(0)
 }
 
+/// Messages to send with the spans each holds, pulled one at a time by the sending tasks.
+type Outbox = Box<dyn Iterator<Item = (Bytes, usize)> + Send>;
+
+/// Pre-encoded messages (the ingest measurement leaves encoding out of the timed part).
+fn outbox(messages: Vec<Bytes>) -> Outbox {
+    let counts: Vec<usize> = messages.iter().map(span_count).collect();
+    Box::new(messages.into_iter().zip(counts))
+}
+
+/// Messages generated and encoded as they are sent: memory stays at a few batches whatever the
+/// data size (at 20M spans the encoded set alone is several GB, which the peer run cannot spare).
+fn streamed(data: &DataArgs) -> Outbox {
+    Box::new(batches(data.config(), data.batch_spans).map(|m| {
+        let spans = m
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        (Bytes::from(m.encode_to_vec()), spans)
+    }))
+}
+
 async fn send(
     target: &str,
-    messages: Vec<Bytes>,
+    messages: Outbox,
     concurrency: usize,
     rate_limit: f64,
     tenant: Option<&str>,
 ) -> anyhow::Result<SendReport> {
-    let spans: usize = messages.iter().map(span_count).sum();
-    let per_message = spans as f64 / messages.len().max(1) as f64;
-    let messages = Arc::new(messages);
-    let next = Arc::new(AtomicUsize::new(0));
+    // (next message, its index, spans in the messages before it)
+    let source = Arc::new(std::sync::Mutex::new((messages, 0usize, 0usize)));
     let retries = Arc::new(AtomicUsize::new(0));
     let url = format!("{}/v1/traces", target.trim_end_matches('/'));
     let client = Client::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency.max(1) {
-        let (messages, next, retries, url, client) = (
-            messages.clone(),
-            next.clone(),
-            retries.clone(),
-            url.clone(),
-            client.clone(),
-        );
+        let (source, retries, url, client) =
+            (source.clone(), retries.clone(), url.clone(), client.clone());
         let tenant = tenant.map(str::to_owned);
         tasks.push(tokio::spawn(async move {
             loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(body) = messages.get(i) else {
-                    return Ok::<_, anyhow::Error>(());
+                let (body, before) = {
+                    let mut s = source.lock().expect("outbox lock");
+                    let Some((body, spans)) = s.0.next() else {
+                        return Ok::<_, anyhow::Error>(());
+                    };
+                    let before = s.2;
+                    s.1 += 1;
+                    s.2 += spans;
+                    (body, before)
                 };
                 if rate_limit > 0.0 {
-                    let due = Duration::from_secs_f64(i as f64 * per_message / rate_limit);
+                    let due = Duration::from_secs_f64(before as f64 / rate_limit);
                     tokio::time::sleep_until((started + due).into()).await;
                 }
                 let mut headers = vec![("content-type", "application/x-protobuf")];
@@ -355,9 +377,10 @@ async fn send(
     for t in tasks {
         t.await??;
     }
+    let s = source.lock().expect("outbox lock");
     Ok(SendReport {
-        spans,
-        messages: messages.len(),
+        spans: s.2,
+        messages: s.1,
         retries: retries.load(Ordering::Relaxed),
         elapsed: started.elapsed(),
     })
@@ -544,7 +567,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
         .count();
 
     let (mut server, _) = start_server(&bin, &dir, &extra).await?;
-    let report = send(&server.otlp, messages, concurrency, 0.0, None).await?;
+    let report = send(&server.otlp, outbox(messages), concurrency, 0.0, None).await?;
     let pid = server.child.id();
     let rss = peak_rss_kib(pid).unwrap_or(0);
     println!("ingest: {report}");
@@ -624,10 +647,9 @@ async fn peers(
     let parquet = temp.path().join("spans.parquet");
     println!("generating {} spans (seed {})...", data.spans, data.seed);
     let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans))?;
-    let messages = data.encoded();
     let (mut server, _) = start_server(&bin, &dir, &[]).await?;
-    let report = send(&server.otlp, messages, concurrency, 0.0, None).await?;
-    println!("weft ingest: {report}");
+    let report = send(&server.otlp, streamed(&data), concurrency, 0.0, None).await?;
+    println!("weft ingest (encoding while sending): {report}");
     terminate(&mut server)?;
     let store = weft_storage::Store::open(&dir, Default::default())?;
     store.compact();

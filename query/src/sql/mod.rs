@@ -6,6 +6,7 @@
 
 pub mod columns;
 pub mod functions;
+mod percentile;
 pub mod pg_catalog;
 pub mod plans;
 pub mod pushdown;
