@@ -42,13 +42,18 @@ pub struct Params {
 impl Params {
     /// A trace from the middle of the data, and the dimensions of a generate span of the slow
     /// version with the slow adapter; the window is the data's, in whole seconds.
+    ///
+    /// Two passes over the generator, holding one request at a time: at 20M spans the whole
+    /// set as structures is about 12 GB, which the peers (loaded later in the same run) need.
     pub fn choose(cfg: &GenConfig) -> Self {
+        let (mut n, mut first, mut last) = (0usize, None, cfg.start_ns);
         let mut g = Generator::new(cfg.clone());
-        let mut requests = Vec::new();
         while let Some(r) = g.next_request() {
-            requests.push(r);
+            n += 1;
+            first.get_or_insert(r.start_ns);
+            last = r.start_ns;
         }
-        let middle = &requests[requests.len() / 2];
+        let first = first.unwrap_or(cfg.start_ns);
         let (mut version, mut worker, mut adapter) = (
             anomaly::SLOW_VERSION.to_owned(),
             "worker-0".to_owned(),
@@ -66,26 +71,39 @@ impl Params {
                     _ => None,
                 })
         };
-        'outer: for r in requests.iter().skip(requests.len() / 3) {
-            for (_, s) in &r.spans {
-                if s.name == "llm.generate"
-                    && find(s, "llm.lora_adapter").as_deref() == Some(anomaly::SLOW_ADAPTER)
-                {
-                    version = find(s, "llm.model_version").unwrap_or(version);
-                    worker = find(s, "worker.id").unwrap_or(worker);
-                    adapter = find(s, "llm.lora_adapter").unwrap_or(adapter);
-                    break 'outer;
+        let mut middle = None;
+        let mut found = false;
+        let mut g = Generator::new(cfg.clone());
+        let mut i = 0usize;
+        while let Some(r) = g.next_request() {
+            if i == n / 2 {
+                middle = Some(r.trace_id);
+            }
+            if !found && i >= n / 3 {
+                for (_, s) in &r.spans {
+                    if s.name == "llm.generate"
+                        && find(s, "llm.lora_adapter").as_deref() == Some(anomaly::SLOW_ADAPTER)
+                    {
+                        version = find(s, "llm.model_version").unwrap_or(version);
+                        worker = find(s, "worker.id").unwrap_or(worker);
+                        adapter = find(s, "llm.lora_adapter").unwrap_or(adapter);
+                        found = true;
+                        break;
+                    }
                 }
             }
+            if found && middle.is_some() {
+                break;
+            }
+            i += 1;
         }
-        let first = requests.first().map_or(cfg.start_ns, |r| r.start_ns);
-        let last = requests.last().map_or(cfg.start_ns, |r| r.start_ns);
+        let middle = middle.unwrap_or_default();
         let sec = 1_000_000_000;
         let t0 = first / sec * sec;
         let t1 = (last / sec + 60) * sec;
         let mid = (t0 + (last - first) / 2) / sec * sec;
         Self {
-            trace: hex::encode(middle.trace_id),
+            trace: hex::encode(middle),
             version,
             worker,
             adapter,

@@ -13,6 +13,7 @@ pub mod pushdown;
 pub mod scan;
 pub mod shared;
 pub mod tables;
+mod timebin;
 
 use std::sync::Arc;
 use std::time::Duration;
