@@ -442,8 +442,13 @@ mod tests {
         ]));
         let filter = BooleanArray::from(vec![true, true, true, false]);
         let mut acc = PercentileGroups::new(0.5);
-        acc.update_batch(&[array.clone()], &[0, 0, 0, 0], Some(&filter), 2)
-            .unwrap();
+        acc.update_batch(
+            std::slice::from_ref(&array),
+            &[0, 0, 0, 0],
+            Some(&filter),
+            2,
+        )
+        .unwrap();
         let got = acc.evaluate(EmitTo::All).unwrap();
         let got = got.as_primitive::<Float64Type>();
         assert_eq!(got.value(0), 2.0);
