@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use hyper::StatusCode;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use weft_bench::client::Client;
 use weft_bench::files::{read_otlp, write_otlp, write_parquet};
@@ -282,18 +283,16 @@ impl std::fmt::Display for SendReport {
     }
 }
 
+fn spans_in(m: &ExportTraceServiceRequest) -> usize {
+    m.resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .map(|s| s.spans.len())
+        .sum()
+}
+
 fn span_count(message: &Bytes) -> usize {
-    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
-        &message[..],
-    )
-    .map(|m| {
-        m.resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum()
-    })
-    .unwrap_or(0)
+    ExportTraceServiceRequest::decode(&message[..]).map_or(0, |m| spans_in(&m))
 }
 
 /// Messages to send with the spans each holds, pulled one at a time by the sending tasks.
@@ -308,15 +307,18 @@ fn outbox(messages: Vec<Bytes>) -> Outbox {
 /// Messages generated and encoded as they are sent: memory stays at a few batches whatever the
 /// data size (at 20M spans the encoded set alone is several GB, which the peer run cannot spare).
 fn streamed(data: &DataArgs) -> Outbox {
-    Box::new(batches(data.config(), data.batch_spans).map(|m| {
-        let spans = m
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
-        (Bytes::from(m.encode_to_vec()), spans)
-    }))
+    Box::new(
+        batches(data.config(), data.batch_spans)
+            .map(|m| (Bytes::from(m.encode_to_vec()), spans_in(&m))),
+    )
+}
+
+/// What the sending tasks share: the messages left, and how many (and how many spans) were
+/// taken before.
+struct Sending {
+    messages: Outbox,
+    sent: usize,
+    spans_sent: usize,
 }
 
 async fn send(
@@ -326,8 +328,11 @@ async fn send(
     rate_limit: f64,
     tenant: Option<&str>,
 ) -> anyhow::Result<SendReport> {
-    // (next message, its index, spans in the messages before it)
-    let source = Arc::new(std::sync::Mutex::new((messages, 0usize, 0usize)));
+    let source = Arc::new(std::sync::Mutex::new(Sending {
+        messages,
+        sent: 0,
+        spans_sent: 0,
+    }));
     let retries = Arc::new(AtomicUsize::new(0));
     let url = format!("{}/v1/traces", target.trim_end_matches('/'));
     let client = Client::new();
@@ -341,12 +346,12 @@ async fn send(
             loop {
                 let (body, before) = {
                     let mut s = source.lock().expect("outbox lock");
-                    let Some((body, spans)) = s.0.next() else {
+                    let Some((body, spans)) = s.messages.next() else {
                         return Ok::<_, anyhow::Error>(());
                     };
-                    let before = s.2;
-                    s.1 += 1;
-                    s.2 += spans;
+                    let before = s.spans_sent;
+                    s.sent += 1;
+                    s.spans_sent += spans;
                     (body, before)
                 };
                 if rate_limit > 0.0 {
@@ -379,8 +384,8 @@ async fn send(
     }
     let s = source.lock().expect("outbox lock");
     Ok(SendReport {
-        spans: s.2,
-        messages: s.1,
+        spans: s.spans_sent,
+        messages: s.sent,
         retries: retries.load(Ordering::Relaxed),
         elapsed: started.elapsed(),
     })
@@ -558,7 +563,6 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     let dir = data_dir.unwrap_or_else(|| temp.path().join("data"));
     println!("generating {} spans (seed {})...", data.spans, data.seed);
     let messages = data.encoded();
-    let spans: usize = messages.iter().map(span_count).sum();
     let token_spans = batches(data.config(), data.batch_spans)
         .flat_map(|m| m.resource_spans)
         .flat_map(|r| r.scope_spans)
@@ -570,6 +574,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     let report = send(&server.otlp, outbox(messages), concurrency, 0.0, None).await?;
     let pid = server.child.id();
     let rss = peak_rss_kib(pid).unwrap_or(0);
+    let spans = report.spans;
     println!("ingest: {report}");
     println!(
         "server peak RSS during ingest: {:.1} MiB",

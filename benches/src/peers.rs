@@ -79,18 +79,17 @@ impl Params {
             if i == n / 2 {
                 middle = Some(r.trace_id);
             }
-            if !found && i >= n / 3 {
-                for (_, s) in &r.spans {
-                    if s.name == "llm.generate"
+            if !found
+                && i >= n / 3
+                && let Some((_, s)) = r.spans.iter().find(|(_, s)| {
+                    s.name == "llm.generate"
                         && find(s, "llm.lora_adapter").as_deref() == Some(anomaly::SLOW_ADAPTER)
-                    {
-                        version = find(s, "llm.model_version").unwrap_or(version);
-                        worker = find(s, "worker.id").unwrap_or(worker);
-                        adapter = find(s, "llm.lora_adapter").unwrap_or(adapter);
-                        found = true;
-                        break;
-                    }
-                }
+                })
+            {
+                version = find(s, "llm.model_version").unwrap_or(version);
+                worker = find(s, "worker.id").unwrap_or(worker);
+                adapter = find(s, "llm.lora_adapter").unwrap_or(adapter);
+                found = true;
             }
             if found && middle.is_some() {
                 break;

@@ -200,6 +200,22 @@ fn select(values: &mut [f64], p: f64) -> Option<f64> {
     Some(lower + (upper - lower) * weight)
 }
 
+/// A null buffer from per-row validity, or none where every row is valid.
+fn nulls(valid: Vec<bool>) -> Option<NullBuffer> {
+    let nulls = NullBuffer::from(valid);
+    (nulls.null_count() > 0).then_some(nulls)
+}
+
+/// The state column: a list of float64 per group (the field DataFusion's `state_fields` names).
+fn lists(offsets: Vec<i32>, flat: Vec<f64>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
+    Ok(Arc::new(ListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Float64, true)),
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Arc::new(Float64Array::new(ScalarBuffer::from(flat), None)),
+        nulls,
+    )?))
+}
+
 impl GroupsAccumulator for PercentileGroups {
     fn update_batch(
         &mut self,
@@ -279,13 +295,7 @@ impl GroupsAccumulator for PercentileGroups {
             offsets.push(end);
         }
         drop(groups);
-        let list = ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Float64, true)),
-            OffsetBuffer::new(ScalarBuffer::from(offsets)),
-            Arc::new(Float64Array::new(ScalarBuffer::from(flat), None)),
-            None,
-        )?;
-        Ok(vec![Arc::new(list)])
+        Ok(vec![lists(offsets, flat, None)?])
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
@@ -310,9 +320,10 @@ impl GroupsAccumulator for PercentileGroups {
         }
         // the scratch buffer is as large as the largest group: not kept past the answer
         self.scratch = Vec::new();
-        let nulls = NullBuffer::from(valid);
-        let nulls = (nulls.null_count() > 0).then_some(nulls);
-        Ok(Arc::new(Float64Array::new(ScalarBuffer::from(out), nulls)))
+        Ok(Arc::new(Float64Array::new(
+            ScalarBuffer::from(out),
+            nulls(valid),
+        )))
     }
 
     fn convert_to_state(
@@ -336,15 +347,7 @@ impl GroupsAccumulator for PercentileGroups {
             }
             offsets.push(flat.len() as i32);
         }
-        let nulls = NullBuffer::from(valid);
-        let nulls = (nulls.null_count() > 0).then_some(nulls);
-        let list = ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Float64, true)),
-            OffsetBuffer::new(ScalarBuffer::from(offsets)),
-            Arc::new(Float64Array::new(ScalarBuffer::from(flat), None)),
-            nulls,
-        )?;
-        Ok(vec![Arc::new(list)])
+        Ok(vec![lists(offsets, flat, nulls(valid))?])
     }
 
     fn size(&self) -> usize {

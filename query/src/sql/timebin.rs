@@ -59,8 +59,9 @@ fn stride_nanos(stride: &ColumnarValue) -> Option<i64> {
     (nanos > 0).then_some(nanos)
 }
 
-/// `values` binned, or `None` where some row's arithmetic could leave the i64 range (those
-/// batches go to DataFusion, which answers NULL for such rows).
+/// `values` binned, or `None` where some row's arithmetic would leave the i64 range (those
+/// batches go to DataFusion, which answers NULL for such rows). Only a row that leaves the
+/// current bucket does arithmetic, checked; the rest compare against its bounds.
 fn bin(
     values: &PrimitiveArray<TimestampNanosecondType>,
     stride: i64,
@@ -69,27 +70,17 @@ fn bin(
     if values.null_count() == values.len() {
         return None;
     }
-    let min = arrow::compute::min(values)?;
-    let max = arrow::compute::max(values)?;
-    // every row's (t - origin), its bucket start and the bucket's end are in range
-    min.checked_sub(origin)?.checked_sub(stride)?;
-    max.checked_sub(origin)?.checked_add(stride)?;
-    min.checked_sub(stride)?;
-    max.checked_add(stride)?;
-    // rows under a null slot hold any value: wrapping arithmetic keeps them harmless
     let (mut lo, mut hi) = (i64::MAX, i64::MIN);
-    let binned: Vec<i64> = values
-        .values()
-        .iter()
-        .map(|&t| {
-            if t < lo || t >= hi {
-                let diff = t.wrapping_sub(origin);
-                lo = origin.wrapping_add(diff.wrapping_sub(diff.wrapping_rem_euclid(stride)));
-                hi = lo.wrapping_add(stride);
-            }
-            lo
-        })
-        .collect();
+    let mut binned = Vec::with_capacity(values.len());
+    // a row under a null slot holds any value: at worst it sends the batch to DataFusion
+    for &t in values.values().iter() {
+        if t < lo || t >= hi {
+            let diff = t.checked_sub(origin)?;
+            lo = origin.checked_add(diff.checked_sub(diff.rem_euclid(stride))?)?;
+            hi = lo.checked_add(stride)?;
+        }
+        binned.push(lo);
+    }
     Some(PrimitiveArray::new(binned.into(), values.nulls().cloned()))
 }
 
