@@ -1,10 +1,11 @@
 //! `POST /api/v1/sql`: `{"query": "...", "format": "json" | "csv" | "arrow"}`, results streamed.
 //!
-//! The first batch is computed before the answer starts, so that planning errors and errors
-//! of the first rows get a proper status and a JSON body naming the problem (and where in the
-//! query it is). An error after rows have been sent ends a JSON answer with an `"error"` member
-//! and cuts a CSV or Arrow answer short (the client sees a broken stream, never a silently
-//! truncated one).
+//! An answer is gathered until it is complete or passes 256 KiB: a small one goes out whole,
+//! with its length, and any error before that point gets a proper status and a JSON body
+//! naming the problem (and where in the query it is). A larger answer streams from there on;
+//! an error after rows have been sent ends a JSON answer with an `"error"` member and cuts a
+//! CSV or Arrow answer short (the client sees a broken stream, never a silently truncated
+//! one).
 
 use std::time::Instant;
 
@@ -102,50 +103,58 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
         Ok(e) => e,
         Err(e) => return error_response(&e),
     };
-    // The first batch decides the status.
-    let first = match tokio::time::timeout_at(deadline, stream.next()).await {
-        Ok(Some(Ok(b))) => Some(b),
-        Ok(None) => None,
-        Ok(Some(Err(e))) => return error_response(&SqlError::from_datafusion(e, false)),
-        Err(_) => return error_response(&SqlError::timeout(limit)),
-    };
-    let mut head = encoder.begin();
-    if let Some(b) = &first {
-        match encoder.batch(b) {
-            Ok(bytes) => head.extend_from_slice(&bytes),
-            Err(e) => return error_response(&e),
+    // Answers are gathered until they pass `WHOLE_ANSWER_BYTES`: a small answer (most
+    // dashboard and lookup queries) goes out as one body with its length, its errors with a
+    // proper status; a larger one streams from there on.
+    let mut held = encoder.begin();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(Ok(b))) => {
+                match encoder.batch(&b) {
+                    Ok(bytes) => held.extend_from_slice(&bytes),
+                    Err(e) => return error_response(&e),
+                }
+                if held.len() > WHOLE_ANSWER_BYTES {
+                    break;
+                }
+            }
+            Ok(None) => {
+                held.extend_from_slice(&encoder.end(None));
+                state.requests.sql_http.observe(started.elapsed());
+                return answer(format, Body::from(held));
+            }
+            Ok(Some(Err(e))) => return error_response(&SqlError::from_datafusion(e, false)),
+            Err(_) => return error_response(&SqlError::timeout(limit)),
         }
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let metrics_state = state.clone();
     tokio::spawn(async move {
-        if tx.send(Ok(Bytes::from(head))).await.is_err() {
+        if tx.send(Ok(Bytes::from(held))).await.is_err() {
             return; // client went away: dropping the stream cancels the query
         }
         let mut failure = None;
-        if first.is_some() {
-            loop {
-                match tokio::time::timeout_at(deadline, stream.next()).await {
-                    Ok(Some(Ok(b))) => match encoder.batch(&b) {
-                        Ok(bytes) => {
-                            if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
-                                return;
-                            }
+        loop {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(b))) => match encoder.batch(&b) {
+                    Ok(bytes) => {
+                        if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                            return;
                         }
-                        Err(e) => {
-                            failure = Some(e);
-                            break;
-                        }
-                    },
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => {
-                        failure = Some(SqlError::from_datafusion(e, false));
+                    }
+                    Err(e) => {
+                        failure = Some(e);
                         break;
                     }
-                    Err(_) => {
-                        failure = Some(SqlError::timeout(limit));
-                        break;
-                    }
+                },
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    failure = Some(SqlError::from_datafusion(e, false));
+                    break;
+                }
+                Err(_) => {
+                    failure = Some(SqlError::timeout(limit));
+                    break;
                 }
             }
         }
@@ -167,7 +176,13 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
         }
         metrics_state.requests.sql_http.observe(started.elapsed());
     });
-    let body = Body::from_stream(tokio_stream_from(rx));
+    answer(format, Body::from_stream(tokio_stream_from(rx)))
+}
+
+/// Encoded answers up to this size are sent whole (see `sql`).
+const WHOLE_ANSWER_BYTES: usize = 256 * 1024;
+
+fn answer(format: Format, body: Body) -> Response {
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, format.content_type())

@@ -74,10 +74,14 @@ pub fn timestamp_type() -> DataType {
 }
 
 pub fn map_type() -> DataType {
-    MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
-        .finish()
-        .data_type()
-        .clone()
+    static TYPE: OnceLock<DataType> = OnceLock::new();
+    TYPE.get_or_init(|| {
+        MapBuilder::new(None, StringBuilder::new(), StringBuilder::new())
+            .finish()
+            .data_type()
+            .clone()
+    })
+    .clone()
 }
 
 pub fn list_type() -> DataType {

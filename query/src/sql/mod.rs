@@ -445,7 +445,6 @@ impl Session {
             physical: slot,
         } = prepared.into();
         let df = |e| SqlError::from_datafusion(e, false);
-        let state = self.ctx.state();
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let template = slot
             .as_ref()
@@ -457,6 +456,7 @@ impl Session {
         let physical = match rebuilt {
             Some(p) => p,
             None => {
+                let state = self.ctx.state();
                 let p = state
                     .query_planner()
                     .create_physical_plan(&plan, &state)
@@ -471,7 +471,9 @@ impl Session {
                 p
             }
         };
-        let task = Arc::new(TaskContext::from(&state).with_runtime(self.runtime.clone()));
+        // from the session's own state (a rebuilt plan needs no copy of it)
+        let task = TaskContext::from(&*self.ctx.state_ref().read());
+        let task = Arc::new(task.with_runtime(self.runtime.clone()));
         let stream = datafusion::physical_plan::execute_stream(physical, task)
             .map_err(|e| SqlError::from_datafusion(e, false))?;
         Ok(QueryStream { schema, stream })

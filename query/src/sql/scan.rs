@@ -532,6 +532,9 @@ impl ExecutionPlan for WeftScanExec {
                         skipped.add(1);
                         return Ok(Vec::new());
                     }
+                    if matches!(work, Work::Head) && this.source.head_rows() == 0 {
+                        return Ok(Vec::new());
+                    }
                     let t = this.clone();
                     let decode = move || match work {
                         Work::Head => t.source.read_head(&t.projection),
@@ -540,15 +543,15 @@ impl ExecutionPlan for WeftScanExec {
                             .read_block(&t.plan.blocks[i], &t.projection)
                             .map(|c| vec![c]),
                     };
-                    // A few rows of a block (an index-served query) read in tens of
-                    // microseconds: handing them to a blocking thread costs about as much
+                    // A few rows of a block or of the head (an index-served query) read in
+                    // tens of microseconds: handing them to a blocking thread costs about as much
                     // again in wake-ups, once per block.
                     let few = match work {
                         Work::Block(i) => {
                             let b = &this.plan.blocks[i];
                             b.rows.len(b.meta.rows) <= INLINE_READ_ROWS
                         }
-                        Work::Head => false,
+                        Work::Head => this.source.head_rows() <= INLINE_READ_ROWS,
                     };
                     let columns = if few {
                         decode()?

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
     ArrayRef, AsArray, Int64Array, ListBuilder, MapBuilder, RecordBatch, StringArray,
@@ -277,6 +277,18 @@ pub struct NestedTable {
 
 impl NestedTable {
     pub fn new(ctx: TableContext, kind: Nested) -> Self {
+        // the same for every query: built once
+        static EVENTS: OnceLock<SchemaRef> = OnceLock::new();
+        static LINKS: OnceLock<SchemaRef> = OnceLock::new();
+        let cell = match kind {
+            Nested::Events => &EVENTS,
+            Nested::Links => &LINKS,
+        };
+        let schema = cell.get_or_init(|| Self::schema_of(kind)).clone();
+        Self { ctx, kind, schema }
+    }
+
+    fn schema_of(kind: Nested) -> SchemaRef {
         let common = [
             Field::new("trace_id", DataType::Utf8, false),
             Field::new("span_id", DataType::Utf8, false),
@@ -299,10 +311,9 @@ impl NestedTable {
                 Field::new("dropped_attributes_count", DataType::Int64, false),
             ],
         };
-        let schema = Arc::new(Schema::new(
+        Arc::new(Schema::new(
             common.into_iter().chain(own).collect::<Vec<_>>(),
-        ));
-        Self { ctx, kind, schema }
+        ))
     }
 }
 
