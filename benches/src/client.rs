@@ -18,6 +18,8 @@ pub struct Reply {
     pub status: StatusCode,
     pub content_type: String,
     pub retry_after: Option<String>,
+    /// The Content-Length header (absent from a streamed, chunked answer).
+    pub content_length: Option<u64>,
     pub body: Bytes,
 }
 
@@ -67,12 +69,14 @@ impl Client {
         };
         let content_type = header("content-type").unwrap_or_default();
         let retry_after = header("retry-after");
+        let content_length = header("content-length").and_then(|v| v.parse().ok());
         let status = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
         Ok(Reply {
             status,
             content_type,
             retry_after,
+            content_length,
             body,
         })
     }
