@@ -160,6 +160,12 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         samples: usize,
     },
+    /// Compact a stopped server's store (a full RocksDB compaction), as `peers` does before
+    /// its queries, so that a store can be queried in the same state by hand
+    Compact {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -168,6 +174,12 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
+        Cmd::Compact { data_dir } => {
+            let store = weft_storage::Store::open(&data_dir, Default::default())?;
+            store.compact();
+            println!("compacted {}", data_dir.display());
+            Ok(())
+        }
         Cmd::Generate { data, out, parquet } => generate(&data, out, parquet),
         Cmd::Send {
             data,
