@@ -175,8 +175,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Cmd::Compact { data_dir } => {
-            let store = weft_storage::Store::open(&data_dir, Default::default())?;
-            store.compact();
+            compacted(&data_dir)?;
             println!("compacted {}", data_dir.display());
             Ok(())
         }
@@ -618,8 +617,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     }
     terminate(&mut server)?;
 
-    let store = weft_storage::Store::open(&dir, Default::default())?;
-    store.compact();
+    let store = compacted(&dir)?;
     let blocks = store.blocks(&weft_storage::model::TenantId::default_tenant());
     drop(store);
     let total = dir_bytes(&dir);
@@ -651,6 +649,14 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A stopped server's store, opened and fully compacted (the state sizes and peer queries are
+/// measured in).
+fn compacted(dir: &Path) -> anyhow::Result<weft_storage::Store> {
+    let store = weft_storage::Store::open(dir, Default::default())?;
+    store.compact();
+    Ok(store)
+}
+
 async fn peers(
     data: DataArgs,
     weft: Option<PathBuf>,
@@ -668,9 +674,7 @@ async fn peers(
     let report = send(&server.otlp, streamed(&data), concurrency, 0.0, None).await?;
     println!("weft ingest (encoding while sending): {report}");
     terminate(&mut server)?;
-    let store = weft_storage::Store::open(&dir, Default::default())?;
-    store.compact();
-    drop(store);
+    drop(compacted(&dir)?);
     let weft_bytes = dir_bytes(&dir) as f64 / rows as f64;
     let (mut server, _) = start_server(&bin, &dir, &[]).await?;
 

@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use datafusion::execution::SendableRecordBatchStream;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
@@ -108,12 +109,9 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
     // proper status; a larger one streams from there on.
     let mut held = encoder.begin();
     loop {
-        match tokio::time::timeout_at(deadline, stream.next()).await {
-            Ok(Some(Ok(b))) => {
-                match encoder.batch(&b) {
-                    Ok(bytes) => held.extend_from_slice(&bytes),
-                    Err(e) => return error_response(&e),
-                }
+        match next_bytes(&mut stream, &mut encoder, deadline, limit).await {
+            Ok(Some(bytes)) => {
+                held.extend_from_slice(&bytes);
                 if held.len() > WHOLE_ANSWER_BYTES {
                     break;
                 }
@@ -123,8 +121,7 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
                 state.requests.sql_http.observe(started.elapsed());
                 return answer(format, Body::from(held));
             }
-            Ok(Some(Err(e))) => return error_response(&SqlError::from_datafusion(e, false)),
-            Err(_) => return error_response(&SqlError::timeout(limit)),
+            Err(e) => return error_response(&e),
         }
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -133,31 +130,17 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
         if tx.send(Ok(Bytes::from(held))).await.is_err() {
             return; // client went away: dropping the stream cancels the query
         }
-        let mut failure = None;
-        loop {
-            match tokio::time::timeout_at(deadline, stream.next()).await {
-                Ok(Some(Ok(b))) => match encoder.batch(&b) {
-                    Ok(bytes) => {
-                        if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
-                            return;
-                        }
+        let failure = loop {
+            match next_bytes(&mut stream, &mut encoder, deadline, limit).await {
+                Ok(Some(bytes)) => {
+                    if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                        return;
                     }
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                },
-                Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    failure = Some(SqlError::from_datafusion(e, false));
-                    break;
                 }
-                Err(_) => {
-                    failure = Some(SqlError::timeout(limit));
-                    break;
-                }
+                Ok(None) => break None,
+                Err(e) => break Some(e),
             }
-        }
+        };
         match failure {
             None => {
                 let _ = tx.send(Ok(Bytes::from(encoder.end(None)))).await;
@@ -177,6 +160,22 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
         metrics_state.requests.sql_http.observe(started.elapsed());
     });
     answer(format, Body::from_stream(tokio_stream_from(rx)))
+}
+
+/// The next batch of the answer, encoded; `None` at its end. A failing batch, a batch that
+/// cannot be encoded and the deadline passing are all errors of the query.
+async fn next_bytes(
+    stream: &mut SendableRecordBatchStream,
+    encoder: &mut Encoder,
+    deadline: tokio::time::Instant,
+    limit: std::time::Duration,
+) -> Result<Option<Vec<u8>>, SqlError> {
+    match tokio::time::timeout_at(deadline, stream.next()).await {
+        Ok(Some(Ok(b))) => encoder.batch(&b).map(Some),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => Err(SqlError::from_datafusion(e, false)),
+        Err(_) => Err(SqlError::timeout(limit)),
+    }
 }
 
 /// Encoded answers up to this size are sent whole (see `sql`).

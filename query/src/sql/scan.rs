@@ -250,18 +250,24 @@ impl WeftScanExec {
     /// Rows a partition (or the whole scan) will read: postings and the trace-id index make
     /// this exact for the filters they answer, and an upper bound for the others.
     fn rows_of(&self, partition: Option<usize>) -> usize {
-        let rows = |w: &Work| match w {
-            Work::Head => self.source.head_rows(),
-            Work::Block(i) => self.plan.blocks[*i]
-                .rows
-                .len(self.plan.blocks[*i].meta.rows),
-        };
+        let rows = |w: &Work| self.rows_in(*w);
         match partition {
             Some(p) => self
                 .partitions
                 .get(p)
                 .map_or(0, |ws| ws.iter().map(rows).sum()),
             None => self.partitions.iter().flatten().map(rows).sum(),
+        }
+    }
+
+    /// Rows one piece of work selects (the head's, or a block's).
+    fn rows_in(&self, work: Work) -> usize {
+        match work {
+            Work::Head => self.source.head_rows(),
+            Work::Block(i) => {
+                let b = &self.plan.blocks[i];
+                b.rows.len(b.meta.rows)
+            }
         }
     }
 
@@ -291,8 +297,8 @@ impl WeftScanExec {
 const SMALL_SCAN_ROWS: u64 = 8192;
 const SMALL_SCAN_BLOCKS: usize = 32;
 
-/// Blocks with at most this many selected rows are read on the scan's own task rather than on
-/// a blocking thread.
+/// Blocks (and a head) with at most this many selected rows are read on the scan's own task
+/// rather than on a blocking thread.
 const INLINE_READ_ROWS: usize = 1024;
 
 /// A copy of a column that holds much more memory than its rows use (a few rows decoded
@@ -532,7 +538,9 @@ impl ExecutionPlan for WeftScanExec {
                         skipped.add(1);
                         return Ok(Vec::new());
                     }
-                    if matches!(work, Work::Head) && this.source.head_rows() == 0 {
+                    // nothing selected (as in an empty head): nothing to read
+                    let selected = this.rows_in(work);
+                    if selected == 0 {
                         return Ok(Vec::new());
                     }
                     let t = this.clone();
@@ -546,14 +554,7 @@ impl ExecutionPlan for WeftScanExec {
                     // A few rows of a block or of the head (an index-served query) read in
                     // tens of microseconds: handing them to a blocking thread costs about as much
                     // again in wake-ups, once per block.
-                    let few = match work {
-                        Work::Block(i) => {
-                            let b = &this.plan.blocks[i];
-                            b.rows.len(b.meta.rows) <= INLINE_READ_ROWS
-                        }
-                        Work::Head => this.source.head_rows() <= INLINE_READ_ROWS,
-                    };
-                    let columns = if few {
+                    let columns = if selected <= INLINE_READ_ROWS {
                         decode()?
                     } else {
                         tokio::task::spawn_blocking(decode)
