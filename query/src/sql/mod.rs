@@ -10,6 +10,7 @@ mod percentile;
 pub mod pg_catalog;
 pub mod plans;
 pub mod pushdown;
+pub mod runs;
 pub mod scan;
 pub mod shared;
 pub mod tables;
@@ -217,8 +218,10 @@ impl SqlEngine {
                 .with_config(session)
                 .with_default_features();
             if share {
-                builder =
-                    builder.with_physical_optimizer_rule(Arc::new(shared::ShareRepeatedSubplans));
+                // runs first: shared subtrees are fingerprinted as they will execute
+                builder = builder
+                    .with_physical_optimizer_rule(Arc::new(runs::CollapseGroupRuns))
+                    .with_physical_optimizer_rule(Arc::new(shared::ShareRepeatedSubplans));
             }
             let ctx = SessionContext::new_with_state(builder.build());
             functions::register(&ctx);

@@ -129,6 +129,19 @@ impl Group {
         self.len += 1;
     }
 
+    fn extend(&mut self, mut values: &[f64]) {
+        self.len += values.len();
+        while !values.is_empty() {
+            if self.tail.len() == CHUNK {
+                let full = std::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
+                self.chunks.push(full);
+            }
+            let n = values.len().min(CHUNK - self.tail.len());
+            self.tail.extend_from_slice(&values[..n]);
+            values = &values[n..];
+        }
+    }
+
     fn parts(&self) -> impl Iterator<Item = &[f64]> {
         self.merged
             .iter()
@@ -230,8 +243,16 @@ impl GroupsAccumulator for PercentileGroups {
         let nulls = values.nulls().filter(|n| n.null_count() > 0);
         match (nulls, opt_filter) {
             (None, None) => {
-                for (&g, &v) in group_indices.iter().zip(data.iter()) {
-                    self.groups[g].push(v);
+                // consecutive rows of one group (a run of equal keys) go in as one slice
+                let mut start = 0;
+                while start < group_indices.len() {
+                    let g = group_indices[start];
+                    let end = group_indices[start..]
+                        .iter()
+                        .position(|&h| h != g)
+                        .map_or(group_indices.len(), |n| start + n);
+                    self.groups[g].extend(&data[start..end]);
+                    start = end;
                 }
             }
             _ => {

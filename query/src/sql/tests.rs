@@ -286,6 +286,12 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT span_id, duration_ns FROM spans WHERE duration_ns > 20000000 AND service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 5".into(),
         "SELECT count(*), sum(duration_ns) FROM spans WHERE \"llm.lora_adapter\" <> 'sql-lora' OR duration_ns < 1000".into(),
         "SELECT name, count(*) FROM span_events WHERE name LIKE '%token%' OR time > to_timestamp_nanos(0) GROUP BY name".into(),
+        // partial aggregations over runs of equal keys (a trace's spans lie together)
+        "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000 AS minute_us, count(*), \
+         sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END), percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) \
+         FROM spans GROUP BY 1, 2".into(),
+        "SELECT \"worker.id\", \"llm.model_version\", count(*), sum(duration_ns) FILTER (WHERE status_code = 'ERROR'), max(start_time) \
+         FROM spans GROUP BY 1, 2".into(),
         // counts answered from the scan's exact row count, without reading a row
         "SELECT count(*) FROM spans".into(),
         format!(

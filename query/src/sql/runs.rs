@@ -1,0 +1,792 @@
+//! Partial aggregation that looks up each run of equal group keys once.
+//!
+//! A block keeps a trace's spans together in start order, so the keys of a typical dashboard
+//! aggregation (service and minute, model version and minute, worker) repeat over long runs of
+//! consecutive rows: a generation's decode tokens share all of them. DataFusion's partial
+//! aggregation hashes and compares every row's key; at 2M spans that was a quarter of a
+//! per-service-per-minute query's CPU. [`CollapseGroupRuns`] replaces each partial
+//! `AggregateExec` whose aggregates all have grouped accumulators with a [`RunAggregateExec`]:
+//! per batch it finds where any key changes (one vectorised comparison of each key column
+//! with itself shifted by a row), interns only the first row of each run with DataFusion's own
+//! group-value tables, and gives every row of the run that group. The accumulators, their
+//! arguments and filters, the output (group columns, then each aggregate's state) and the
+//! final aggregation above are DataFusion's, unchanged.
+//!
+//! Where runs are short (a batch with more than one run per two rows) the batch's keys are
+//! interned row by row, as DataFusion does. As DataFusion's partial aggregation does, it emits
+//! what it holds early when the query's memory pool refuses more (the final aggregation merges
+//! partial states however often they come), and stops aggregating, passing each row on as its
+//! own state, when the first rows show almost one group per row.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch, UInt32Array};
+use arrow::buffer::NullBuffer;
+use arrow::compute::kernels::cmp::distinct;
+use arrow::compute::take;
+use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
+use datafusion::common::Statistics;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
+use datafusion::physical_plan::aggregates::order::GroupOrdering;
+use datafusion::physical_plan::aggregates::{
+    AggregateExec, AggregateMode, PhysicalGroupBy, aggregate_expressions, evaluate_group_by,
+    evaluate_many,
+};
+use datafusion::physical_plan::distribution_requirements::InputDistributionRequirements;
+use datafusion::physical_plan::execution_plan::{
+    CardinalityEffect, ChildrenPropertiesMode, ReplaceChildrenOptions,
+};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
+    RecordBatchStream, SendableRecordBatchStream, StatisticsArgs,
+};
+use futures::{Stream, StreamExt};
+
+/// The physical optimizer rule; see the module documentation.
+#[derive(Debug, Default)]
+pub struct CollapseGroupRuns;
+
+impl PhysicalOptimizerRule for CollapseGroupRuns {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if !RunAggregateExec::applies_to(agg) {
+                return Ok(Transformed::no(node));
+            }
+            let agg = Arc::new(agg.clone());
+            Ok(Transformed::yes(Arc::new(RunAggregateExec::new(agg))))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "collapse_group_runs"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// A partial `AggregateExec`, executed with each run of equal keys interned once. The
+/// aggregate it stands for describes everything but the execution: expressions, schema,
+/// properties and statistics.
+#[derive(Debug)]
+pub struct RunAggregateExec {
+    agg: Arc<AggregateExec>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RunAggregateExec {
+    fn new(agg: Arc<AggregateExec>) -> Self {
+        Self {
+            agg,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// Whether `agg` is a partial aggregation this operator computes the same way: one
+    /// grouping set of at least one key, no limit or dynamic filter, input in no particular
+    /// order, and every aggregate with a grouped accumulator (no `DISTINCT`).
+    fn applies_to(agg: &AggregateExec) -> bool {
+        *agg.mode() == AggregateMode::Partial
+            && agg.group_expr().is_single()
+            && !agg.group_expr().expr().is_empty()
+            && agg.limit_options().is_none()
+            && agg.dynamic_expressions_produced().is_empty()
+            && *agg.input_order_mode() == InputOrderMode::Linear
+            && agg
+                .aggr_expr()
+                .iter()
+                .all(|a| !a.is_distinct() && a.groups_accumulator_supported())
+    }
+}
+
+impl DisplayAs for RunAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Agg<'a>(&'a AggregateExec, DisplayFormatType);
+        impl fmt::Display for Agg<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt_as(self.1, f)
+            }
+        }
+        let inner = Agg(&self.agg, t).to_string();
+        let inner = inner.strip_prefix("AggregateExec: ").unwrap_or(&inner);
+        write!(f, "RunAggregateExec: {inner}, key runs interned once")
+    }
+}
+
+impl ExecutionPlan for RunAggregateExec {
+    fn name(&self) -> &str {
+        "RunAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.agg.input_distribution_requirements()
+    }
+
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        self.agg.required_input_ordering()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        self.agg.maintains_input_order()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let agg = self.agg.clone().replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )?;
+        match agg.downcast_ref::<AggregateExec>() {
+            Some(agg) if Self::applies_to(agg) => Ok(Arc::new(Self::new(Arc::new(agg.clone())))),
+            // new children in an order the aggregate now uses: DataFusion's own stream
+            _ => Ok(agg),
+        }
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.agg.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.agg.statistics_from_inputs(input_stats, args)
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        self.agg.cardinality_effect()
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.agg.input().execute(partition, context.clone())?;
+        let agg = &self.agg;
+        let group_schema = agg.group_expr().group_schema(&agg.input_schema())?;
+        let accumulators = agg
+            .aggr_expr()
+            .iter()
+            .map(|a| a.create_groups_accumulator())
+            .collect::<Result<Vec<_>>>()?;
+        let options = &context.session_config().options().execution;
+        let probe =
+            (options.skip_partial_aggregation_probe_ratio_threshold < 1.0).then_some(Probe {
+                rows: 0,
+                rows_threshold: options.skip_partial_aggregation_probe_rows_threshold,
+                ratio_threshold: options.skip_partial_aggregation_probe_ratio_threshold,
+            });
+        let reservation = MemoryConsumer::new(format!("RunAggregateExec[{partition}]"))
+            .register(context.memory_pool());
+        let metrics = MetricBuilder::new(&self.metrics);
+        Ok(Box::pin(RunAggregateStream {
+            schema: agg.schema(),
+            input,
+            group_by: agg.group_expr().clone(),
+            arguments: aggregate_expressions(agg.aggr_expr(), agg.mode(), 0)?,
+            filters: agg.filter_expr().to_vec(),
+            group_values: new_group_values(group_schema, &GroupOrdering::None)?,
+            accumulators,
+            run_groups: Vec::new(),
+            row_groups: Vec::new(),
+            reservation,
+            batch_size: context.session_config().batch_size().max(1),
+            probe,
+            skipping: false,
+            pending: VecDeque::new(),
+            done: false,
+            runs: metrics.clone().counter("key_runs", partition),
+            skipped_rows: metrics
+                .clone()
+                .counter("skipped_aggregation_rows", partition),
+            early_emits: metrics.clone().counter("early_emits", partition),
+            baseline: BaselineMetrics::new(&self.metrics, partition),
+        }))
+    }
+}
+
+/// Whether to stop aggregating: checked after every batch once `rows_threshold` rows are in,
+/// as DataFusion's partial aggregation checks it (and with the same settings).
+struct Probe {
+    rows: usize,
+    rows_threshold: usize,
+    ratio_threshold: f64,
+}
+
+struct RunAggregateStream {
+    schema: SchemaRef,
+    input: SendableRecordBatchStream,
+    group_by: PhysicalGroupBy,
+    arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    group_values: Box<dyn GroupValues>,
+    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+    /// Per batch: the group of each run's first row, and every row's group.
+    run_groups: Vec<usize>,
+    row_groups: Vec<usize>,
+    reservation: MemoryReservation,
+    batch_size: usize,
+    probe: Option<Probe>,
+    /// Past the probe with almost a group per row: rows go out as their own states.
+    skipping: bool,
+    pending: VecDeque<RecordBatch>,
+    done: bool,
+    runs: Count,
+    skipped_rows: Count,
+    early_emits: Count,
+    baseline: BaselineMetrics,
+}
+
+impl RunAggregateStream {
+    fn aggregate(&mut self, batch: &RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let keys = single_set(evaluate_group_by(&self.group_by, batch)?)?;
+        let changes = key_changes(&keys, rows)?;
+        let runs = runs_of(&changes);
+        self.runs.add(runs.len());
+        if runs.len() * 2 <= rows {
+            let starts = UInt32Array::from_iter_values(runs.iter().map(|r| r.start as u32));
+            let heads = keys
+                .iter()
+                .map(|k| take(k.as_ref(), &starts, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            self.group_values.intern(&heads, &mut self.run_groups)?;
+            self.row_groups.clear();
+            for (run, &group) in runs.iter().zip(&self.run_groups) {
+                self.row_groups
+                    .extend(std::iter::repeat_n(group, run.end - run.start));
+            }
+        } else {
+            self.group_values.intern(&keys, &mut self.row_groups)?;
+        }
+        let groups = self.group_values.len();
+        let arguments = evaluate_many(&self.arguments, batch)?;
+        for ((acc, values), filter) in self
+            .accumulators
+            .iter_mut()
+            .zip(&arguments)
+            .zip(&self.filters)
+        {
+            let filter = filter
+                .as_ref()
+                .map(|f| f.evaluate(batch)?.into_array(rows))
+                .transpose()?;
+            acc.update_batch(
+                values,
+                &self.row_groups,
+                filter.as_ref().map(|f| f.as_boolean()),
+                groups,
+            )?;
+        }
+        if let Some(probe) = &mut self.probe {
+            probe.rows += rows;
+            if probe.rows >= probe.rows_threshold
+                && groups as f64 / probe.rows as f64 > probe.ratio_threshold
+            {
+                self.probe = None;
+                self.skipping = true;
+                self.emit()?;
+            }
+        }
+        if self.reservation.try_resize(self.held()).is_err() {
+            // the pool is full: what is held goes on to the final aggregation now
+            self.early_emits.add(1);
+            self.emit()?;
+        }
+        Ok(())
+    }
+
+    /// A batch past the probe: each row its own partial state.
+    fn pass_on(&mut self, batch: &RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut columns = single_set(evaluate_group_by(&self.group_by, batch)?)?;
+        let arguments = evaluate_many(&self.arguments, batch)?;
+        for ((acc, values), filter) in self.accumulators.iter().zip(&arguments).zip(&self.filters) {
+            let filter = filter
+                .as_ref()
+                .map(|f| f.evaluate(batch)?.into_array(rows))
+                .transpose()?;
+            columns.extend(acc.convert_to_state(values, filter.as_ref().map(|f| f.as_boolean()))?);
+        }
+        self.skipped_rows.add(rows);
+        self.pending
+            .push_back(RecordBatch::try_new(self.schema.clone(), columns)?);
+        Ok(())
+    }
+
+    /// Every group held so far, as partial states in batches of the session's size.
+    fn emit(&mut self) -> Result<()> {
+        if self.group_values.is_empty() {
+            return Ok(());
+        }
+        let mut columns = self.group_values.emit(EmitTo::All)?;
+        for acc in &mut self.accumulators {
+            columns.extend(acc.state(EmitTo::All)?);
+        }
+        self.group_values.clear_shrink(self.batch_size);
+        let batch = RecordBatch::try_new(self.schema.clone(), columns)?;
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = self.batch_size.min(batch.num_rows() - offset);
+            self.pending.push_back(batch.slice(offset, len));
+            offset += len;
+        }
+        // what the states hold now lives in the batches on their way out
+        let _ = self.reservation.try_resize(self.held());
+        Ok(())
+    }
+
+    fn held(&self) -> usize {
+        self.group_values.size()
+            + self.accumulators.iter().map(|a| a.size()).sum::<usize>()
+            + (self.row_groups.capacity() + self.run_groups.capacity()) * size_of::<usize>()
+    }
+
+    fn next_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
+        loop {
+            if let Some(batch) = self.pending.pop_front() {
+                return Poll::Ready(Some(Ok(batch)));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let polled = ready!(self.input.poll_next_unpin(cx));
+            let elapsed = self.baseline.elapsed_compute().clone();
+            let _timer = elapsed.timer();
+            let step = match polled {
+                Some(Ok(batch)) if self.skipping => self.pass_on(&batch),
+                Some(Ok(batch)) => self.aggregate(&batch),
+                Some(Err(e)) => Err(e),
+                None => {
+                    self.done = true;
+                    let emitted = self.emit();
+                    self.reservation.free();
+                    emitted
+                }
+            };
+            if let Err(e) = step {
+                self.done = true;
+                self.pending.clear();
+                self.reservation.free();
+                return Poll::Ready(Some(Err(e)));
+            }
+        }
+    }
+}
+
+/// Per row, whether its key may differ from the row before's (the first row's always does).
+///
+/// A row is flagged wherever its key is not the same to the bit (or, for strings, the same
+/// bytes) as the previous row's. Equal keys with different bits (`0.0` and `-0.0`) only split
+/// a run in two: both runs are interned and get the same group.
+fn key_changes(keys: &[ArrayRef], rows: usize) -> Result<Vec<bool>> {
+    let mut changed = vec![false; rows];
+    if rows == 0 {
+        return Ok(changed);
+    }
+    changed[0] = true;
+    for key in keys {
+        let nulls = key.logical_nulls().filter(|n| n.null_count() > 0);
+        let nulls = nulls.as_ref();
+        match key.data_type() {
+            DataType::Utf8View => views(&mut changed, nulls, key.as_string_view()),
+            DataType::BinaryView => views(&mut changed, nulls, key.as_binary_view()),
+            t if matches!(t.primitive_width(), Some(1 | 2 | 4 | 8 | 16))
+                && key.to_data().buffers().len() == 1 =>
+            {
+                let w = t.primitive_width().unwrap_or(1);
+                let data = key.to_data();
+                let bytes = &data.buffers()[0].as_slice()[data.offset() * w..];
+                let value = |i: usize| &bytes[i * w..(i + 1) * w];
+                mark(&mut changed, nulls, |i| value(i) != value(i - 1));
+            }
+            _ => {
+                // other types: arrow's comparison, which compares nulls too
+                let differs = distinct(&key.slice(1, rows - 1), &key.slice(0, rows - 1))?;
+                for (i, d) in differs.values().iter().enumerate() {
+                    changed[i + 1] |= d;
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// Flags row `i` where `differs(i)` says its value is not the previous row's, or where one of
+/// the two is null and the other not (two nulls are the same key).
+fn mark(changed: &mut [bool], nulls: Option<&NullBuffer>, differs: impl Fn(usize) -> bool) {
+    match nulls {
+        None => {
+            for (i, c) in changed.iter_mut().enumerate().skip(1) {
+                *c |= differs(i);
+            }
+        }
+        Some(nulls) => {
+            for (i, c) in changed.iter_mut().enumerate().skip(1) {
+                *c |= match (nulls.is_valid(i), nulls.is_valid(i - 1)) {
+                    (true, true) => differs(i),
+                    (a, b) => a != b,
+                };
+            }
+        }
+    }
+}
+
+fn views<T: ByteViewType + ?Sized>(
+    changed: &mut [bool],
+    nulls: Option<&NullBuffer>,
+    array: &GenericByteViewArray<T>,
+) {
+    let raw = array.views();
+    // equal views are equal values (the same inline bytes, or the same bytes of the same
+    // buffer); unequal ones may still hold equal bytes
+    mark(changed, nulls, |i| {
+        raw[i] != raw[i - 1] && {
+            let (a, b): (&[u8], &[u8]) = (array.value(i).as_ref(), array.value(i - 1).as_ref());
+            a != b
+        }
+    });
+}
+
+/// Each run's rows, from the flags of [`key_changes`].
+fn runs_of(changed: &[bool]) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for (i, &c) in changed.iter().enumerate().skip(1) {
+        if c {
+            runs.push(start..i);
+            start = i;
+        }
+    }
+    if !changed.is_empty() {
+        runs.push(start..changed.len());
+    }
+    runs
+}
+
+/// The group columns of the one grouping set.
+fn single_set(mut sets: Vec<Vec<ArrayRef>>) -> Result<Vec<ArrayRef>> {
+    match sets.len() {
+        1 => Ok(sets.swap_remove(0)),
+        n => Err(DataFusionError::Internal(format!(
+            "RunAggregateExec: {n} grouping sets, expected one"
+        ))),
+    }
+}
+
+impl Stream for RunAggregateStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let poll = self.next_batch(cx);
+        self.baseline.record_poll(poll)
+    }
+}
+
+impl RecordBatchStream for RunAggregateStream {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float64Array, Int64Array, StringViewArray};
+    use arrow::datatypes::{Field, Schema};
+    use arrow::util::display::array_value_to_string;
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    /// Rows in runs of equal keys (as a block's trace keeps them), with null keys and values,
+    /// long and short strings, and float keys that are equal with different bits.
+    fn table(partitions: usize, rows_each: usize) -> MemTable {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, false),
+            Field::new("a", DataType::Utf8View, true),
+            Field::new("b", DataType::Int64, true),
+            Field::new("c", DataType::Float64, false),
+            Field::new("v", DataType::Float64, true),
+        ]));
+        let parts = (0..partitions)
+            .map(|p| {
+                (0..rows_each)
+                    .step_by(1000)
+                    .map(|from| {
+                        let ids: Vec<i64> = (from..(from + 1000).min(rows_each))
+                            .map(|r| (p * rows_each + r) as i64)
+                            .collect();
+                        let a =
+                            StringViewArray::from_iter(ids.iter().map(|&i| match (i / 37) % 6 {
+                                0 => None,
+                                1 => Some("short".to_owned()),
+                                n => Some(format!("a-service-name-longer-than-twelve-{n}")),
+                            }));
+                        let b = Int64Array::from_iter(
+                            ids.iter()
+                                .map(|&i| ((i / 100) % 17 != 3).then_some((i / 100) % 13)),
+                        );
+                        let c = Float64Array::from_iter_values(ids.iter().map(|&i| {
+                            match (i / 50) % 4 {
+                                0 => 0.0,
+                                1 => -0.0,
+                                2 => f64::NAN,
+                                _ => 1.5,
+                            }
+                        }));
+                        let v = Float64Array::from_iter(
+                            ids.iter()
+                                .map(|&i| (i % 11 != 0).then_some((i * 7919 % 1000) as f64)),
+                        );
+                        RecordBatch::try_new(
+                            schema.clone(),
+                            vec![
+                                Arc::new(Int64Array::from(ids)),
+                                Arc::new(a),
+                                Arc::new(b),
+                                Arc::new(c),
+                                Arc::new(v),
+                            ],
+                        )
+                        .unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        MemTable::try_new(schema, parts).unwrap()
+    }
+
+    /// The query's rows (sorted, as text) and its `EXPLAIN ANALYZE`, with or without the rule.
+    async fn run(sql: &str, runs: bool, settings: &[&str], memory: usize) -> (Vec<String>, String) {
+        let mut builder = SessionStateBuilder::new()
+            .with_config(
+                SessionConfig::new()
+                    .with_target_partitions(3)
+                    .with_batch_size(512),
+            )
+            .with_runtime_env(
+                RuntimeEnvBuilder::new()
+                    .with_memory_limit(memory, 1.0)
+                    .build_arc()
+                    .unwrap(),
+            )
+            .with_default_features();
+        if runs {
+            builder = builder.with_physical_optimizer_rule(Arc::new(CollapseGroupRuns));
+        }
+        let ctx = SessionContext::new_with_state(builder.build());
+        super::super::functions::register(&ctx);
+        ctx.register_table("t", Arc::new(table(3, 20_000))).unwrap();
+        for s in settings {
+            ctx.sql(s).await.unwrap().collect().await.unwrap();
+        }
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let mut rows: Vec<String> = batches
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows()).map(move |r| {
+                    b.columns()
+                        .iter()
+                        .map(|c| array_value_to_string(c, r).unwrap())
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+            })
+            .collect();
+        rows.sort();
+        let explain = ctx
+            .sql(&format!("EXPLAIN ANALYZE {sql}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let plan = arrow::util::pretty::pretty_format_batches(&explain)
+            .unwrap()
+            .to_string();
+        (rows, plan)
+    }
+
+    fn metric(plan: &str, name: &str) -> usize {
+        let at = plan
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} in {plan}"));
+        let digits: String = plan[at + name.len() + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn answers_equal_datafusion_s_partial_aggregation() {
+        let queries = [
+            "SELECT a, b, count(*), sum(v), avg(v), min(v), max(i), \
+             percentile_cont(0.9) WITHIN GROUP (ORDER BY v), count(v) FILTER (WHERE v > 500) \
+             FROM t GROUP BY a, b",
+            "SELECT c, count(*), sum(v) FROM t GROUP BY c",
+            "SELECT a, count(*) FROM t WHERE i % 3 = 0 GROUP BY a",
+            // a key that changes on every row: interned row by row
+            "SELECT i % 7919, count(*), min(a) FROM t GROUP BY 1",
+        ];
+        for q in queries {
+            let (plain, before) = run(q, false, &[], usize::MAX).await;
+            let (with, after) = run(q, true, &[], usize::MAX).await;
+            assert!(!before.contains("RunAggregateExec"), "{before}");
+            assert!(after.contains("RunAggregateExec"), "{after}");
+            assert!(!plain.is_empty(), "{q}");
+            assert_eq!(with, plain, "{q}");
+        }
+        // runs were found: far fewer than rows for the (a, b) grouping
+        let (_, plan) = run(queries[0], true, &[], usize::MAX).await;
+        assert!(metric(&plan, "key_runs") < 60_000 / 20, "{plan}");
+    }
+
+    #[tokio::test]
+    async fn distinct_and_ordered_aggregates_stay_with_datafusion() {
+        let q = "SELECT a, array_agg(b ORDER BY i DESC), count(DISTINCT b) FROM t GROUP BY a";
+        let (plain, _) = run(q, false, &[], usize::MAX).await;
+        let (with, plan) = run(q, true, &[], usize::MAX).await;
+        assert_eq!(with, plain);
+        assert!(!plan.contains("RunAggregateExec"), "{plan}");
+    }
+
+    #[tokio::test]
+    async fn almost_a_group_per_row_passes_rows_on_as_states() {
+        let q = "SELECT i, count(*), sum(v), percentile_cont(0.5) WITHIN GROUP (ORDER BY v) \
+                 FROM t GROUP BY i";
+        let settings = [
+            "SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 1000",
+            "SET datafusion.execution.skip_partial_aggregation_probe_ratio_threshold = 0.5",
+        ];
+        let (plain, _) = run(q, false, &settings, usize::MAX).await;
+        let (with, plan) = run(q, true, &settings, usize::MAX).await;
+        assert_eq!(with.len(), 60_000);
+        assert_eq!(with, plain);
+        assert!(metric(&plan, "skipped_aggregation_rows") > 0, "{plan}");
+    }
+
+    #[tokio::test]
+    async fn a_full_memory_pool_emits_partial_states_early() {
+        let ctx = SessionContext::new_with_state(
+            SessionStateBuilder::new()
+                .with_config(
+                    SessionConfig::new()
+                        .with_target_partitions(3)
+                        .with_batch_size(512),
+                )
+                .with_default_features()
+                .with_physical_optimizer_rule(Arc::new(CollapseGroupRuns))
+                .build(),
+        );
+        ctx.register_table("t", Arc::new(table(3, 20_000))).unwrap();
+        let plan = ctx
+            .sql("SELECT i % 20000, count(*), sum(v) FROM t GROUP BY 1")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut partial = None;
+        plan.apply(|node| {
+            if node.is::<RunAggregateExec>() {
+                partial = Some(node.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        let partial = partial.expect("a RunAggregateExec");
+        // the partial aggregation alone, in a pool far smaller than its 20,000 groups
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(64 << 10, 1.0)
+            .build_arc()
+            .unwrap();
+        let task = Arc::new(TaskContext::default().with_runtime(runtime));
+        let mut counts = std::collections::HashMap::<i64, i64>::new();
+        let mut states = 0;
+        for p in 0..partial.properties().partitioning.partition_count() {
+            let mut stream = partial.execute(p, task.clone()).unwrap();
+            while let Some(batch) = stream.next().await {
+                let batch = batch.unwrap();
+                states += batch.num_rows();
+                let keys = batch
+                    .column(0)
+                    .as_primitive::<arrow::datatypes::Int64Type>();
+                let n = batch
+                    .column(1)
+                    .as_primitive::<arrow::datatypes::Int64Type>();
+                for r in 0..batch.num_rows() {
+                    *counts.entry(keys.value(r)).or_default() += n.value(r);
+                }
+            }
+        }
+        let metrics = partial.metrics().unwrap();
+        let early = metrics
+            .iter()
+            .filter(|m| m.value().name() == "early_emits")
+            .map(|m| m.value().as_usize())
+            .sum::<usize>();
+        assert!(early > 0, "no early emit");
+        // states of one key came out more than once, and nothing was lost
+        assert!(states > 20_000, "{states} states");
+        assert_eq!(counts.len(), 20_000);
+        assert!(counts.values().all(|&n| n == 3), "counts other than 3");
+    }
+}
