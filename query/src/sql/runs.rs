@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch, UInt32Array};
-use arrow::buffer::NullBuffer;
+use arrow::buffer::{Buffer, NullBuffer};
+use arrow::datatypes::ArrowNativeType;
 use arrow::compute::kernels::cmp::distinct;
 use arrow::compute::take;
 use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
@@ -449,11 +450,15 @@ fn key_changes(keys: &[ArrayRef], rows: usize) -> Result<Vec<bool>> {
             t if matches!(t.primitive_width(), Some(1 | 2 | 4 | 8 | 16))
                 && key.to_data().buffers().len() == 1 =>
             {
-                let w = t.primitive_width().unwrap_or(1);
                 let data = key.to_data();
-                let bytes = &data.buffers()[0].as_slice()[data.offset() * w..];
-                let value = |i: usize| &bytes[i * w..(i + 1) * w];
-                mark(&mut changed, nulls, |i| value(i) != value(i - 1));
+                let buffer = &data.buffers()[0];
+                match t.primitive_width() {
+                    Some(1) => bits::<u8>(&mut changed, nulls, buffer, data.offset()),
+                    Some(2) => bits::<u16>(&mut changed, nulls, buffer, data.offset()),
+                    Some(4) => bits::<u32>(&mut changed, nulls, buffer, data.offset()),
+                    Some(8) => bits::<u64>(&mut changed, nulls, buffer, data.offset()),
+                    _ => bits::<u128>(&mut changed, nulls, buffer, data.offset()),
+                }
             }
             _ => {
                 // other types: arrow's comparison, which compares nulls too
@@ -485,6 +490,17 @@ fn mark(changed: &mut [bool], nulls: Option<&NullBuffer>, differs: impl Fn(usize
             }
         }
     }
+}
+
+/// Fixed-width values compared as unsigned integers of their width (to the bit).
+fn bits<T: ArrowNativeType + Eq>(
+    changed: &mut [bool],
+    nulls: Option<&NullBuffer>,
+    buffer: &Buffer,
+    offset: usize,
+) {
+    let values = &buffer.typed_data::<T>()[offset..];
+    mark(changed, nulls, |i| values[i] != values[i - 1]);
 }
 
 fn views<T: ByteViewType + ?Sized>(
