@@ -25,26 +25,29 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch, UInt32Array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, GenericByteViewArray, Int64Array, RecordBatch, UInt32Array,
+};
 use arrow::buffer::{Buffer, NullBuffer};
-use arrow::datatypes::ArrowNativeType;
 use arrow::compute::kernels::cmp::distinct;
 use arrow::compute::take;
-use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
-use datafusion::common::Statistics;
+use arrow::datatypes::ArrowNativeType;
+use arrow::datatypes::{ByteViewType, DataType, Int64Type, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{ScalarValue, Statistics};
 use datafusion::config::ConfigOptions;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
 use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 use datafusion::physical_plan::aggregates::{
-    AggregateExec, AggregateMode, PhysicalGroupBy, aggregate_expressions, evaluate_group_by,
-    evaluate_many,
+    AggregateExec, AggregateMode, aggregate_expressions, evaluate_many,
 };
 use datafusion::physical_plan::distribution_requirements::InputDistributionRequirements;
 use datafusion::physical_plan::execution_plan::{
@@ -232,7 +235,12 @@ impl ExecutionPlan for RunAggregateExec {
         Ok(Box::pin(RunAggregateStream {
             schema: agg.schema(),
             input,
-            group_by: agg.group_expr().clone(),
+            keys: agg
+                .group_expr()
+                .expr()
+                .iter()
+                .map(|(e, _)| Key::of(e))
+                .collect(),
             arguments: aggregate_expressions(agg.aggr_expr(), agg.mode(), 0)?,
             filters: agg.filter_expr().to_vec(),
             group_values: new_group_values(group_schema, &GroupOrdering::None)?,
@@ -266,7 +274,7 @@ struct Probe {
 struct RunAggregateStream {
     schema: SchemaRef,
     input: SendableRecordBatchStream,
-    group_by: PhysicalGroupBy,
+    keys: Vec<Key>,
     arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
     group_values: Box<dyn GroupValues>,
@@ -293,7 +301,7 @@ impl RunAggregateStream {
         if rows == 0 {
             return Ok(());
         }
-        let keys = single_set(evaluate_group_by(&self.group_by, batch)?)?;
+        let keys = self.evaluate_keys(batch)?;
         let changes = key_changes(&keys, rows)?;
         let runs = runs_of(&changes);
         self.runs.add(runs.len());
@@ -349,13 +357,17 @@ impl RunAggregateStream {
         Ok(())
     }
 
+    fn evaluate_keys(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+        self.keys.iter().map(|k| k.evaluate(batch)).collect()
+    }
+
     /// A batch past the probe: each row its own partial state.
     fn pass_on(&mut self, batch: &RecordBatch) -> Result<()> {
         let rows = batch.num_rows();
         if rows == 0 {
             return Ok(());
         }
-        let mut columns = single_set(evaluate_group_by(&self.group_by, batch)?)?;
+        let mut columns = self.evaluate_keys(batch)?;
         let arguments = evaluate_many(&self.arguments, batch)?;
         for ((acc, values), filter) in self.accumulators.iter().zip(&arguments).zip(&self.filters) {
             let filter = filter
@@ -535,13 +547,67 @@ fn runs_of(changed: &[bool]) -> Vec<Range<usize>> {
     runs
 }
 
-/// The group columns of the one grouping set.
-fn single_set(mut sets: Vec<Vec<ArrayRef>>) -> Result<Vec<ArrayRef>> {
-    match sets.len() {
-        1 => Ok(sets.swap_remove(0)),
-        n => Err(DataFusionError::Internal(format!(
-            "RunAggregateExec: {n} grouping sets, expected one"
-        ))),
+/// A group key expression (of the one grouping set `applies_to` admits).
+enum Key {
+    Expr(Arc<dyn PhysicalExpr>),
+    /// `dividend / divisor` over int64 with a literal divisor other than 0 and -1 (so no row
+    /// can fail or overflow), as time buckets are written (`CAST(date_bin(…) AS BIGINT) /
+    /// 1000`): the quotient is computed once per run of equal dividends, not per row.
+    DivideBy {
+        whole: Arc<dyn PhysicalExpr>,
+        dividend: Arc<dyn PhysicalExpr>,
+        divisor: i64,
+    },
+}
+
+impl Key {
+    fn of(expr: &Arc<dyn PhysicalExpr>) -> Self {
+        if let Some(binary) = expr.downcast_ref::<BinaryExpr>()
+            && *binary.op() == Operator::Divide
+            && let Some(literal) = binary.right().downcast_ref::<Literal>()
+            && let ScalarValue::Int64(Some(divisor)) = literal.value()
+            && *divisor != 0
+            && *divisor != -1
+        {
+            return Self::DivideBy {
+                whole: expr.clone(),
+                dividend: binary.left().clone(),
+                divisor: *divisor,
+            };
+        }
+        Self::Expr(expr.clone())
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> Result<ArrayRef> {
+        match self {
+            Self::Expr(e) => e.evaluate(batch)?.into_array(batch.num_rows()),
+            Self::DivideBy {
+                whole,
+                dividend,
+                divisor,
+            } => {
+                let dividend = dividend.evaluate(batch)?.into_array(batch.num_rows())?;
+                let Some(values) = dividend.as_primitive_opt::<Int64Type>() else {
+                    // not int64 after all: DataFusion's own division
+                    return whole.evaluate(batch)?.into_array(batch.num_rows());
+                };
+                let (mut last, mut quotient) = (0i64, 0i64);
+                let quotients: Vec<i64> = values
+                    .values()
+                    .iter()
+                    .map(|&v| {
+                        if v != last {
+                            (last, quotient) = (v, v / divisor);
+                        }
+                        quotient
+                    })
+                    .collect();
+                Ok(Arc::new(Int64Array::new(
+                    quotients.into(),
+                    values.nulls().cloned(),
+                )))
+            }
+        }
     }
 }
 
@@ -701,6 +767,10 @@ mod tests {
             "SELECT a, count(*) FROM t WHERE i % 3 = 0 GROUP BY a",
             // a key that changes on every row: interned row by row
             "SELECT i % 7919, count(*), min(a) FROM t GROUP BY 1",
+            // int64 keys divided by a literal: negative dividends truncate toward zero, nulls
+            // stay null, and -1 (which can overflow) is left to DataFusion's division
+            "SELECT (i - 30000) / 7, b / 2, count(*) FROM t GROUP BY 1, 2",
+            "SELECT (i / 100 - 300) / -3, i / -1 % 2, count(*) FROM t GROUP BY 1, 2",
         ];
         for q in queries {
             let (plain, before) = run(q, false, &[], usize::MAX).await;
