@@ -36,6 +36,7 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::prelude::SessionContext;
 use weft_storage::model::TenantId;
 
+use super::runs::RunAggregateExec;
 use super::scan::WeftScanExec;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -302,6 +303,7 @@ pub fn keepable(physical: &Arc<dyn ExecutionPlan>, logical: &LogicalPlan) -> boo
             node.is::<ProjectionExec>()
                 || node.is::<FilterExec>()
                 || node.is::<AggregateExec>()
+                || node.is::<RunAggregateExec>()
                 || node.is::<CoalescePartitionsExec>()
                 || node.is::<RepartitionExec>()
                 || node.is::<SortPreservingMergeExec>()

@@ -328,10 +328,7 @@ impl RunAggregateStream {
             .zip(&arguments)
             .zip(&self.filters)
         {
-            let filter = filter
-                .as_ref()
-                .map(|f| f.evaluate(batch)?.into_array(rows))
-                .transpose()?;
+            let filter = filter_rows(filter, batch)?;
             acc.update_batch(
                 values,
                 &self.row_groups,
@@ -370,10 +367,7 @@ impl RunAggregateStream {
         let mut columns = self.evaluate_keys(batch)?;
         let arguments = evaluate_many(&self.arguments, batch)?;
         for ((acc, values), filter) in self.accumulators.iter().zip(&arguments).zip(&self.filters) {
-            let filter = filter
-                .as_ref()
-                .map(|f| f.evaluate(batch)?.into_array(rows))
-                .transpose()?;
+            let filter = filter_rows(filter, batch)?;
             columns.extend(acc.convert_to_state(values, filter.as_ref().map(|f| f.as_boolean()))?);
         }
         self.skipped_rows.add(rows);
@@ -545,6 +539,17 @@ fn runs_of(changed: &[bool]) -> Vec<Range<usize>> {
         runs.push(start..changed.len());
     }
     runs
+}
+
+/// An aggregate's `FILTER (WHERE …)`, evaluated over a batch.
+fn filter_rows(
+    filter: &Option<Arc<dyn PhysicalExpr>>,
+    batch: &RecordBatch,
+) -> Result<Option<ArrayRef>> {
+    filter
+        .as_ref()
+        .map(|f| f.evaluate(batch)?.into_array(batch.num_rows()))
+        .transpose()
 }
 
 /// A group key expression (of the one grouping set `applies_to` admits).
@@ -764,6 +769,8 @@ mod tests {
              percentile_cont(0.9) WITHIN GROUP (ORDER BY v), count(v) FILTER (WHERE v > 500) \
              FROM t GROUP BY a, b",
             "SELECT c, count(*), sum(v) FROM t GROUP BY c",
+            // aggregates whose arguments carry an ordering
+            "SELECT a, first_value(v ORDER BY i DESC), last_value(b ORDER BY i) FROM t GROUP BY a",
             "SELECT a, count(*) FROM t WHERE i % 3 = 0 GROUP BY a",
             // a key that changes on every row: interned row by row
             "SELECT i % 7919, count(*), min(a) FROM t GROUP BY 1",

@@ -748,6 +748,23 @@ fn kept_physical_plans_rebuild_their_scans_over_each_snapshot() {
         assert_eq!(rows(&f, by_worker, true).await.unwrap(), plain);
         assert!(held(by_worker));
 
+        // a grouped aggregation over every block, its first stage collapsing key runs: kept
+        // too, and each run's copy reads its own snapshot
+        let per_minute = "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000, \
+                          count(*), sum(duration_ns) FROM spans GROUP BY 1, 2 ORDER BY 1, 2";
+        // (enough rows that the scan is split over partitions, the aggregation in two stages)
+        f.engine.store().append(&f.tenant, spans(24, 1200)).unwrap();
+        f.engine.store().flush(true).unwrap();
+        let explain = text_of(&f, &format!("EXPLAIN {per_minute}"), true).await;
+        assert!(explain.contains("RunAggregateExec"), "{explain}");
+        let first = rows(&f, per_minute, true).await.unwrap();
+        assert!(held(per_minute), "the physical plan is kept");
+        assert_eq!(first, rows(&f, per_minute, false).await.unwrap());
+        f.engine.store().append(&f.tenant, spans(25, 30)).unwrap();
+        let plain = rows(&f, per_minute, false).await.unwrap();
+        assert_ne!(plain, first, "the new rows change the answer");
+        assert_eq!(rows(&f, per_minute, true).await.unwrap(), plain);
+
         // operators wired by dynamic filters (a TopK, a join) are planned every time
         let newest = "SELECT span_id FROM spans ORDER BY start_time DESC, span_id LIMIT 3";
         let joined = "SELECT count(*) FROM spans a JOIN spans b ON a.trace_id = b.trace_id \
