@@ -16,6 +16,7 @@ use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::error::{DataFusionError, Result};
+use roaring::RoaringBitmap;
 use weft_storage::block::BlockMeta;
 use weft_storage::block::format::ColumnKind;
 use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
@@ -545,8 +546,8 @@ pub fn read_block<S: ChunkSource>(
                     .ok_or_else(|| DataFusionError::Internal(format!("{name}: unexpected type")))?;
                 hex_column(a)
             }
-            SpanCol::ServiceName => views(reader, col::SERVICE, rows)?,
-            SpanCol::Name => views(reader, col::NAME, rows)?,
+            SpanCol::ServiceName => indexed_views(reader, DIM_SERVICE, col::SERVICE, rows)?,
+            SpanCol::Name => indexed_views(reader, DIM_NAME, col::NAME, rows)?,
             SpanCol::StatusMessage => conform(
                 required(reader, col::STATUS_MESSAGE, rows)?,
                 &DataType::Utf8,
@@ -676,6 +677,35 @@ fn required<S: ChunkSource>(
 }
 
 /// A core string column as string views, straight from its dictionary pages.
+/// A core string column indexed by postings (`service_name`, `name`): a few rows (a trace's
+/// run, a lookup's scattered rows) from the block's postings of it, so the column's chunk is not
+/// decompressed and decoded for them; otherwise from its chunk.
+fn indexed_views<S: ChunkSource>(
+    reader: &BlockReader<'_, S>,
+    dim: &str,
+    name: &str,
+    rows: &Rows,
+) -> Result<ArrayRef> {
+    let mut range;
+    let few = match rows {
+        Rows::All => None,
+        // (`indexed_strings` declines more than an eighth of the block: not built for it)
+        Rows::Range(start, len) if u64::from(*len) * 8 <= u64::from(reader.meta.rows) => {
+            range = RoaringBitmap::new();
+            range.insert_range(*start..start + len);
+            Some(&range)
+        }
+        Rows::Range(..) => None,
+        Rows::Set(set) => Some(set),
+    };
+    if let Some(set) = few
+        && let Some(a) = reader.indexed_strings(dim, set).map_err(storage_err)?
+    {
+        return conform(a, &DataType::Utf8View);
+    }
+    views(reader, name, rows)
+}
+
 fn views<S: ChunkSource>(reader: &BlockReader<'_, S>, name: &str, rows: &Rows) -> Result<ArrayRef> {
     let array = reader
         .string_views(name, rows)

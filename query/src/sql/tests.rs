@@ -253,7 +253,7 @@ fn pushdown_answers_equal_plain_scans() {
     let queries = vec![
         format!("SELECT span_id, name, duration_ns FROM spans WHERE trace_id = '{}'", some.trace_id.to_hex()),
         format!(
-            "SELECT span_id FROM spans WHERE trace_id IN ('{}', '{}', 'not-an-id')",
+            "SELECT span_id, service_name, name FROM spans WHERE trace_id IN ('{}', '{}', 'not-an-id')",
             some.trace_id.to_hex(),
             other.trace_id.to_hex()
         ),

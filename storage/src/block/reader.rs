@@ -19,7 +19,7 @@ use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
 use crate::model::*;
-use crate::schema::{ColumnType, DEDICATED};
+use crate::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 
 /// Rows of a block to read.
 #[derive(Clone, Debug)]
@@ -645,8 +645,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             return Ok(None);
         }
         let column = format!("{}{dim}", col::DEDICATED_PREFIX);
-        if postings.is_empty() && self.meta.column(&column).is_some() {
-            // values but no postings: a block written before `dim` was indexed
+        let core = [DIM_SERVICE, DIM_NAME, DIM_STATUS].contains(&dim);
+        if postings.is_empty() && (core || self.meta.column(&column).is_some()) {
+            // values but no postings: a block written before `dim` was indexed (every row has
+            // a service, a name and a status, so their postings are never empty otherwise)
             return Ok(None);
         }
         let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);
