@@ -16,7 +16,6 @@ use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::error::{DataFusionError, Result};
-use roaring::RoaringBitmap;
 use weft_storage::block::BlockMeta;
 use weft_storage::block::format::ColumnKind;
 use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
@@ -607,11 +606,11 @@ pub fn read_block<S: ChunkSource>(
                 })))
             }
             SpanCol::Dedicated(i)
-                if let Rows::Set(set) = rows
-                    && DEDICATED[*i].indexed
+                if DEDICATED[*i].indexed
                     && DEDICATED[*i].ty == ColumnType::Str
-                    && let Some(a) =
-                        reader.indexed_strings(DEDICATED[*i].name, set).map_err(s)? =>
+                    && let Some(a) = reader
+                        .indexed_strings_of(DEDICATED[*i].name, rows)
+                        .map_err(s)? =>
             {
                 // a few rows of an indexed dimension: from its postings, no chunk decoded
                 conform(a, field.data_type())?
@@ -676,7 +675,6 @@ fn required<S: ChunkSource>(
         .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
 }
 
-/// A core string column as string views, straight from its dictionary pages.
 /// A core string column indexed by postings (`service_name`, `name`): a few rows (a trace's
 /// run, a lookup's scattered rows) from the block's postings of it, so the column's chunk is not
 /// decompressed and decoded for them; otherwise from its chunk.
@@ -686,26 +684,13 @@ fn indexed_views<S: ChunkSource>(
     name: &str,
     rows: &Rows,
 ) -> Result<ArrayRef> {
-    let mut range;
-    let few = match rows {
-        Rows::All => None,
-        // (`indexed_strings` declines more than an eighth of the block: not built for it)
-        Rows::Range(start, len) if u64::from(*len) * 8 <= u64::from(reader.meta.rows) => {
-            range = RoaringBitmap::new();
-            range.insert_range(*start..start + len);
-            Some(&range)
-        }
-        Rows::Range(..) => None,
-        Rows::Set(set) => Some(set),
-    };
-    if let Some(set) = few
-        && let Some(a) = reader.indexed_strings(dim, set).map_err(storage_err)?
-    {
-        return conform(a, &DataType::Utf8View);
+    match reader.indexed_strings_of(dim, rows).map_err(storage_err)? {
+        Some(a) => conform(a, &DataType::Utf8View),
+        None => views(reader, name, rows),
     }
-    views(reader, name, rows)
 }
 
+/// A core string column as string views, straight from its dictionary pages.
 fn views<S: ChunkSource>(reader: &BlockReader<'_, S>, name: &str, rows: &Rows) -> Result<ArrayRef> {
     let array = reader
         .string_views(name, rows)

@@ -121,12 +121,7 @@ struct Group {
 
 impl Group {
     fn push(&mut self, v: f64) {
-        if self.tail.len() == CHUNK {
-            let full = std::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
-            self.chunks.push(full);
-        }
-        self.tail.push(v);
-        self.len += 1;
+        self.extend(std::slice::from_ref(&v));
     }
 
     fn extend(&mut self, mut values: &[f64]) {

@@ -450,20 +450,19 @@ fn key_changes(keys: &[ArrayRef], rows: usize) -> Result<Vec<bool>> {
     for key in keys {
         let nulls = key.logical_nulls().filter(|n| n.null_count() > 0);
         let nulls = nulls.as_ref();
-        match key.data_type() {
-            DataType::Utf8View => views(&mut changed, nulls, key.as_string_view()),
-            DataType::BinaryView => views(&mut changed, nulls, key.as_binary_view()),
-            t if matches!(t.primitive_width(), Some(1 | 2 | 4 | 8 | 16))
-                && key.to_data().buffers().len() == 1 =>
-            {
+        match (key.data_type(), key.data_type().primitive_width()) {
+            (DataType::Utf8View, _) => views(&mut changed, nulls, key.as_string_view()),
+            (DataType::BinaryView, _) => views(&mut changed, nulls, key.as_binary_view()),
+            (_, Some(width @ (1 | 2 | 4 | 8))) => {
+                // fixed-width values, one buffer of them (16-byte ones, whose buffers need not
+                // be aligned for u128, take arrow's comparison below)
                 let data = key.to_data();
-                let buffer = &data.buffers()[0];
-                match t.primitive_width() {
-                    Some(1) => bits::<u8>(&mut changed, nulls, buffer, data.offset()),
-                    Some(2) => bits::<u16>(&mut changed, nulls, buffer, data.offset()),
-                    Some(4) => bits::<u32>(&mut changed, nulls, buffer, data.offset()),
-                    Some(8) => bits::<u64>(&mut changed, nulls, buffer, data.offset()),
-                    _ => bits::<u128>(&mut changed, nulls, buffer, data.offset()),
+                let (buffer, offset) = (&data.buffers()[0], data.offset());
+                match width {
+                    1 => bits::<u8>(&mut changed, nulls, buffer, offset),
+                    2 => bits::<u16>(&mut changed, nulls, buffer, offset),
+                    4 => bits::<u32>(&mut changed, nulls, buffer, offset),
+                    _ => bits::<u64>(&mut changed, nulls, buffer, offset),
                 }
             }
             _ => {

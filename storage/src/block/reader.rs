@@ -629,13 +629,31 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }))
     }
 
-    /// The values of dedicated string column `dim` (indexed by postings) for a few rows, read
-    /// from the block's postings of it instead of its chunk: each row is in the rows of the
-    /// term it holds, or of none when it holds none (the writer indexes exactly the value the
-    /// column keeps). `None` when the source has no postings, the rows are not few, or the
-    /// dimension has too many terms for this to pay.
+    /// Whether `rows` are few enough (an eighth of the block at most) to be read from postings.
+    fn few(&self, rows: u64) -> bool {
+        rows * 8 <= u64::from(self.meta.rows)
+    }
+
+    /// [`Self::indexed_strings`] for any row selection: a range (a trace's run) as its set.
+    pub fn indexed_strings_of(&self, dim: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
+        match rows {
+            Rows::Set(set) => self.indexed_strings(dim, set),
+            Rows::Range(start, len) if self.few(u64::from(*len)) => {
+                let mut set = RoaringBitmap::new();
+                set.insert_range(*start..start + len);
+                self.indexed_strings(dim, &set)
+            }
+            Rows::Range(..) | Rows::All => Ok(None),
+        }
+    }
+
+    /// The values of string column `dim` (indexed by postings: a dedicated one, or the core
+    /// service, name and status) for a few rows, read from the block's postings of it instead
+    /// of its chunk: each row is in the rows of the term it holds, or of none when it holds
+    /// none (the writer indexes exactly the value the column keeps). `None` when the source has
+    /// no postings, the rows are not few, or the dimension has too many terms for this to pay.
     pub fn indexed_strings(&self, dim: &str, set: &RoaringBitmap) -> Result<Option<ArrayRef>> {
-        if set.len() * 8 > u64::from(self.meta.rows) {
+        if !self.few(set.len()) {
             return Ok(None);
         }
         let Some(postings) = self.source.postings(dim)? else {
