@@ -7,6 +7,7 @@
 pub mod columns;
 pub mod functions;
 mod percentile;
+mod percentiles;
 pub mod pg_catalog;
 pub mod plans;
 pub mod pushdown;
@@ -218,6 +219,7 @@ impl SqlEngine {
                 .with_config(session)
                 .with_default_features();
             if share {
+                builder = builder.with_optimizer_rule(Arc::new(percentiles::SharePercentiles));
                 // runs first: shared subtrees are fingerprinted as they will execute
                 builder = builder
                     .with_physical_optimizer_rule(Arc::new(runs::CollapseGroupRuns))

@@ -17,9 +17,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, ListArray};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, ListArray, StructArray};
 use arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::functions_aggregate::percentile_cont::PercentileCont;
@@ -153,11 +153,15 @@ impl Group {
     }
 }
 
-/// The grouped exact percentile of float64 values (see the module's notes).
+/// The grouped exact percentile of float64 values (see the module's notes): one percentile as
+/// a float64 column, or several of the same values (see [`super::percentiles`]) as a struct
+/// of float64 fields, one per percentile, each group's values kept and gathered once.
 #[derive(Debug)]
-struct PercentileGroups {
+pub(super) struct PercentileGroups {
     groups: Vec<Group>,
-    percentile: f64,
+    percentiles: Vec<f64>,
+    /// The struct's fields when there are several percentiles.
+    fields: Option<Fields>,
     /// Where a group's values are gathered for selection; kept from group to group.
     scratch: Vec<f64>,
 }
@@ -166,7 +170,18 @@ impl PercentileGroups {
     fn new(percentile: f64) -> Self {
         Self {
             groups: Vec::new(),
-            percentile,
+            percentiles: vec![percentile],
+            fields: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Several percentiles of the same values, evaluated as a struct with these fields.
+    pub(super) fn several(percentiles: Vec<f64>, fields: Fields) -> Self {
+        Self {
+            groups: Vec::new(),
+            percentiles,
+            fields: Some(fields),
             scratch: Vec::new(),
         }
     }
@@ -215,7 +230,11 @@ fn nulls(valid: Vec<bool>) -> Option<NullBuffer> {
 }
 
 /// The state column: a list of float64 per group (the field DataFusion's `state_fields` names).
-fn lists(offsets: Vec<i32>, flat: Vec<f64>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
+pub(super) fn lists(
+    offsets: Vec<i32>,
+    flat: Vec<f64>,
+    nulls: Option<NullBuffer>,
+) -> Result<ArrayRef> {
     Ok(Arc::new(ListArray::try_new(
         Arc::new(Field::new_list_field(DataType::Float64, true)),
         OffsetBuffer::new(ScalarBuffer::from(offsets)),
@@ -316,30 +335,43 @@ impl GroupsAccumulator for PercentileGroups {
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let mut groups = emit_to.take_needed(&mut self.groups);
-        let mut out = Vec::with_capacity(groups.len());
+        let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(groups.len()); self.percentiles.len()];
         let mut valid = Vec::with_capacity(groups.len());
         for g in &mut groups {
             // values all taken in here, in one chunk: selected where they lie
-            let value = if g.merged.is_empty() && g.chunks.is_empty() {
-                select(&mut g.tail, self.percentile)
+            let values = if g.merged.is_empty() && g.chunks.is_empty() {
+                &mut g.tail
             } else {
                 self.scratch.clear();
                 self.scratch.reserve(g.len);
                 for part in g.parts() {
                     self.scratch.extend_from_slice(part);
                 }
-                select(&mut self.scratch, self.percentile)
+                &mut self.scratch
             };
+            // each selection only reorders the values: the next one selects from the same set
+            for (column, &p) in out.iter_mut().zip(&self.percentiles) {
+                column.push(select(values, p).unwrap_or_default());
+            }
+            valid.push(!values.is_empty());
             *g = Group::default();
-            out.push(value.unwrap_or_default());
-            valid.push(value.is_some());
         }
         // the scratch buffer is as large as the largest group: not kept past the answer
         self.scratch = Vec::new();
-        Ok(Arc::new(Float64Array::new(
-            ScalarBuffer::from(out),
-            nulls(valid),
-        )))
+        let nulls = nulls(valid);
+        let mut columns = out.into_iter().map(|column| -> ArrayRef {
+            Arc::new(Float64Array::new(ScalarBuffer::from(column), nulls.clone()))
+        });
+        match &self.fields {
+            None => columns
+                .next()
+                .ok_or_else(|| DataFusionError::Internal("percentile_cont: no percentile".into())),
+            Some(fields) => Ok(Arc::new(StructArray::try_new(
+                fields.clone(),
+                columns.collect(),
+                None,
+            )?)),
+        }
     }
 
     fn convert_to_state(

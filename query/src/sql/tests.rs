@@ -290,6 +290,11 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000 AS minute_us, count(*), \
          sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END), percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) \
          FROM spans GROUP BY 1, 2".into(),
+        // several percentiles of the same values, kept once (`percentiles`), over a join
+        "SELECT CAST(date_trunc('minute', p.start_time) AS BIGINT) / 1000 AS minute_us, g.\"llm.model_version\" AS version, \
+         percentile_cont(0.5) WITHIN GROUP (ORDER BY p.duration_ns) AS p50, percentile_cont(0.95) WITHIN GROUP (ORDER BY p.duration_ns) AS p95, \
+         percentile_cont(0.99) WITHIN GROUP (ORDER BY p.duration_ns DESC) AS p99 \
+         FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.decode.token' AND g.name = 'llm.generate' GROUP BY 1, 2".into(),
         "SELECT \"worker.id\", \"llm.model_version\", count(*), sum(duration_ns) FILTER (WHERE status_code = 'ERROR'), max(start_time) \
          FROM spans GROUP BY 1, 2".into(),
         // counts answered from the scan's exact row count, without reading a row
