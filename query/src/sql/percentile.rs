@@ -230,11 +230,7 @@ fn nulls(valid: Vec<bool>) -> Option<NullBuffer> {
 }
 
 /// The state column: a list of float64 per group (the field DataFusion's `state_fields` names).
-pub(super) fn lists(
-    offsets: Vec<i32>,
-    flat: Vec<f64>,
-    nulls: Option<NullBuffer>,
-) -> Result<ArrayRef> {
+fn lists(offsets: Vec<i32>, flat: Vec<f64>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
     Ok(Arc::new(ListArray::try_new(
         Arc::new(Field::new_list_field(DataType::Float64, true)),
         OffsetBuffer::new(ScalarBuffer::from(offsets)),
@@ -335,7 +331,12 @@ impl GroupsAccumulator for PercentileGroups {
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let mut groups = emit_to.take_needed(&mut self.groups);
-        let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(groups.len()); self.percentiles.len()];
+        // (not `vec![…; n]`: a cloned `Vec` does not keep its capacity)
+        let mut out: Vec<Vec<f64>> = self
+            .percentiles
+            .iter()
+            .map(|_| Vec::with_capacity(groups.len()))
+            .collect();
         let mut valid = Vec::with_capacity(groups.len());
         for g in &mut groups {
             // values all taken in here, in one chunk: selected where they lie

@@ -222,22 +222,27 @@ impl OptimizerRule for SharePercentiles {
         if sets.is_empty() {
             return Ok(Transformed::no(plan));
         }
-        // the new aggregation: the calls not shared, then one call per set
+        // each shared call's set and its field in that set's answer
         let mut shared_at = vec![None; agg.aggr_expr.len()];
-        let mut aggr_expr: Vec<Expr> = Vec::new();
-        for (i, e) in agg.aggr_expr.iter().enumerate() {
-            if !sets
-                .iter()
-                .any(|(_, calls)| calls.iter().any(|(c, _)| *c == i))
-            {
-                aggr_expr.push(e.clone());
+        for (n, (_, calls)) in sets.iter().enumerate() {
+            for (field, (i, _)) in calls.iter().enumerate() {
+                shared_at[*i] = Some((n, field));
             }
         }
-        let mut names = Vec::new();
-        for (n, ((arg, _), calls)) in sets.iter().enumerate() {
+        // the new aggregation: the calls not shared, then one call per set
+        let mut aggr_expr: Vec<Expr> = agg
+            .aggr_expr
+            .iter()
+            .zip(&shared_at)
+            .filter(|(_, at)| at.is_none())
+            .map(|(e, _)| e.clone())
+            .collect();
+        let names: Vec<String> = (0..sets.len())
+            .map(|n| format!("__weft_percentiles_{n}"))
+            .collect();
+        for (((arg, _), calls), name) in sets.iter().zip(&names) {
             let percentiles: Vec<f64> = calls.iter().map(|(_, p)| *p).collect();
             let udaf = Arc::new(AggregateUDF::from(SharedPercentiles::new(&percentiles)));
-            let name = format!("__weft_percentiles_{n}");
             aggr_expr.push(
                 Expr::AggregateFunction(AggregateFunction::new_udf(
                     udaf,
@@ -247,12 +252,8 @@ impl OptimizerRule for SharePercentiles {
                     vec![],
                     None,
                 ))
-                .alias(&name),
+                .alias(name),
             );
-            for (field, (i, _)) in calls.iter().enumerate() {
-                shared_at[*i] = Some((n, field));
-            }
-            names.push(name);
         }
         let new_agg = LogicalPlan::Aggregate(Aggregate::try_new(
             agg.input.clone(),
@@ -261,12 +262,12 @@ impl OptimizerRule for SharePercentiles {
         )?);
         // the projection back to the aggregation's own columns, in its order and names
         let groups = agg.group_expr.len();
-        let new_schema = new_agg.schema().clone();
+        let columns = new_agg.schema().columns();
         let mut kept = groups;
         let mut exprs = Vec::with_capacity(agg.schema.fields().len());
         for (i, (qualifier, field)) in agg.schema.iter().enumerate() {
             let expr = if i < groups {
-                Expr::Column(new_schema.columns()[i].clone())
+                Expr::Column(columns[i].clone())
             } else if let Some((n, at)) = shared_at[i - groups] {
                 get_field(
                     Expr::Column(datafusion::common::Column::from_name(&names[n])),
@@ -274,7 +275,7 @@ impl OptimizerRule for SharePercentiles {
                 )
                 .alias_qualified(qualifier.cloned(), field.name())
             } else {
-                let column = Expr::Column(new_schema.columns()[kept].clone());
+                let column = Expr::Column(columns[kept].clone());
                 kept += 1;
                 column.alias_qualified(qualifier.cloned(), field.name())
             };
@@ -304,7 +305,6 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, RecordBatch, StringArray};
     use arrow::datatypes::Schema;
-    use arrow::util::display::array_value_to_string;
     use datafusion::datasource::MemTable;
     use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::{SessionConfig, SessionContext};
@@ -361,19 +361,7 @@ mod tests {
             .display_indent()
             .to_string();
         let batches = df.collect().await.unwrap();
-        let rows = batches
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows()).map(move |r| {
-                    b.columns()
-                        .iter()
-                        .map(|c| array_value_to_string(c, r).unwrap())
-                        .collect::<Vec<_>>()
-                        .join("|")
-                })
-            })
-            .collect();
-        (rows, plan)
+        (super::super::tests::text_rows(&batches), plan)
     }
 
     #[tokio::test]

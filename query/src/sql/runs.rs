@@ -635,7 +635,6 @@ mod tests {
     use super::*;
     use arrow::array::{Float64Array, Int64Array, StringViewArray};
     use arrow::datatypes::{Field, Schema};
-    use arrow::util::display::array_value_to_string;
     use datafusion::datasource::MemTable;
     use datafusion::execution::SessionStateBuilder;
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -724,18 +723,7 @@ mod tests {
             ctx.sql(s).await.unwrap().collect().await.unwrap();
         }
         let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        let mut rows: Vec<String> = batches
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows()).map(move |r| {
-                    b.columns()
-                        .iter()
-                        .map(|c| array_value_to_string(c, r).unwrap())
-                        .collect::<Vec<_>>()
-                        .join("|")
-                })
-            })
-            .collect();
+        let mut rows = super::super::tests::text_rows(&batches);
         rows.sort();
         let explain = ctx
             .sql(&format!("EXPLAIN ANALYZE {sql}"))

@@ -234,6 +234,23 @@ async fn rows(f: &Fixture, sql: &str, pushdown: bool) -> Result<Vec<Vec<String>>
     Ok(out)
 }
 
+/// Batches' rows as text, one `|`-joined line per row, in order (for the operator tests of
+/// the modules beside this one).
+pub(super) fn text_rows(batches: &[arrow::array::RecordBatch]) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows()).map(move |r| {
+                b.columns()
+                    .iter()
+                    .map(|c| arrow::util::display::array_value_to_string(c, r).unwrap())
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+        })
+        .collect()
+}
+
 fn sorted(mut v: Vec<Vec<String>>) -> Vec<Vec<String>> {
     v.sort();
     v
