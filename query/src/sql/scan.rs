@@ -272,6 +272,35 @@ impl WeftScanExec {
         }
     }
 
+    /// A partition's work in groups read together: runs of consecutive pieces that each
+    /// select at most [`INLINE_READ_ROWS`] rows, up to `batch_size` rows a group; any other
+    /// piece alone.
+    fn small_groups(&self, works: Vec<Work>, batch_size: usize) -> Vec<Vec<Work>> {
+        let mut groups: Vec<Vec<Work>> = Vec::new();
+        let mut rows = 0;
+        let mut open = false;
+        for w in works {
+            let n = self.rows_in(w);
+            if n > INLINE_READ_ROWS {
+                groups.push(vec![w]);
+                open = false;
+                continue;
+            }
+            match groups.last_mut() {
+                Some(g) if open && rows + n <= batch_size => {
+                    g.push(w);
+                    rows += n;
+                }
+                _ => {
+                    groups.push(vec![w]);
+                    rows = n;
+                    open = true;
+                }
+            }
+        }
+        groups
+    }
+
     /// Whether a block may hold rows passing the dynamic filters, judged on its time range
     /// (the row filters' time bounds already chose the blocks: see `Pushdown`).
     fn may_match(filters: &[Arc<dyn PhysicalExpr>], schema: &SchemaRef, work: &BlockWork) -> bool {
@@ -312,6 +341,19 @@ fn compact(array: ArrayRef) -> Result<ArrayRef> {
     }
     let all = arrow::array::UInt32Array::from_iter_values(0..array.len() as u32);
     Ok(arrow::compute::take(array.as_ref(), &all, None)?)
+}
+
+/// Several pieces' columns as one piece (the same columns, rows one after another).
+fn concat_pieces(pieces: Vec<(usize, Vec<ArrayRef>)>) -> Result<(usize, Vec<ArrayRef>)> {
+    let rows = pieces.iter().map(|p| p.0).sum();
+    let width = pieces.first().map_or(0, |p| p.1.len());
+    let columns = (0..width)
+        .map(|c| {
+            let parts: Vec<&dyn Array> = pieces.iter().map(|p| p.1[c].as_ref()).collect();
+            Ok(arrow::compute::concat(&parts)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((rows, columns))
 }
 
 /// Whether an expression reads the start or end time (the only columns [`BlockStats`] knows).
@@ -521,6 +563,7 @@ impl ExecutionPlan for WeftScanExec {
             MetricBuilder::new(&self.metrics).global_counter("blocks_skipped_by_parent_filters");
         let read = MetricBuilder::new(&self.metrics).global_counter("blocks_read");
         let rows_read = MetricBuilder::new(&self.metrics).global_counter("rows_read");
+        let together = MetricBuilder::new(&self.metrics).global_counter("blocks_read_together");
         // only a filter on the time columns can skip a block (its time range is all a block's
         // statistics hold): a join's filter on trace ids, rebuilt as a pruning predicate for
         // every block, would never skip one
@@ -530,14 +573,24 @@ impl ExecutionPlan for WeftScanExec {
             .filter(|f| on_time_columns(f))
             .cloned()
             .collect();
+        // Without a parent's dynamic filter or a limit (both judged block by block), the
+        // few selected rows of consecutive blocks (an index-served scan) are read together
+        // and go up as one batch: a batch per block costs more to build, filter and gather
+        // than its few rows cost to read.
+        let groups = if self.parent_filters.is_empty() && self.limit.is_none() {
+            self.small_groups(works, batch_size)
+        } else {
+            works.into_iter().map(|w| vec![w]).collect()
+        };
         let this = Arc::new(self.clone());
         let schema = self.schema.clone();
-        let stream = futures::stream::iter(works)
-            .then(move |work| {
+        let stream = futures::stream::iter(groups)
+            .then(move |group| {
                 let this = this.clone();
                 let pruning = pruning.clone();
                 let emitted = emitted.clone();
                 let (skipped, read, rows_read) = (skipped.clone(), read.clone(), rows_read.clone());
+                let together = together.clone();
                 async move {
                     if this
                         .limit
@@ -545,41 +598,51 @@ impl ExecutionPlan for WeftScanExec {
                     {
                         return Ok(Vec::new());
                     }
-                    if let Work::Block(i) = work
-                        && !pruning.is_empty()
-                        && !Self::may_match(&pruning, &this.schema, &this.plan.blocks[i])
-                    {
-                        skipped.add(1);
-                        return Ok(Vec::new());
+                    let mut pieces = Vec::new();
+                    let mut blocks = 0;
+                    for work in group {
+                        if let Work::Block(i) = work
+                            && !pruning.is_empty()
+                            && !Self::may_match(&pruning, &this.schema, &this.plan.blocks[i])
+                        {
+                            skipped.add(1);
+                            continue;
+                        }
+                        // nothing selected (as in an empty head): nothing to read
+                        let selected = this.rows_in(work);
+                        if selected == 0 {
+                            continue;
+                        }
+                        let t = this.clone();
+                        let decode = move || match work {
+                            Work::Head => t.source.read_head(&t.projection),
+                            Work::Block(i) => t
+                                .source
+                                .read_block(&t.plan.blocks[i], &t.projection)
+                                .map(|c| vec![c]),
+                        };
+                        // A few rows of a block or of the head (an index-served query) read in
+                        // tens of microseconds: handing them to a blocking thread costs about
+                        // as much again in wake-ups, once per block.
+                        let columns = if selected <= INLINE_READ_ROWS {
+                            decode()?
+                        } else {
+                            tokio::task::spawn_blocking(decode)
+                                .await
+                                .map_err(|e| DataFusionError::External(Box::new(e)))??
+                        };
+                        if matches!(work, Work::Block(_)) {
+                            read.add(1);
+                            blocks += 1;
+                        }
+                        pieces.extend(columns);
                     }
-                    // nothing selected (as in an empty head): nothing to read
-                    let selected = this.rows_in(work);
-                    if selected == 0 {
-                        return Ok(Vec::new());
+                    if pieces.len() > 1 && pieces.iter().map(|p| p.0).sum::<usize>() <= batch_size {
+                        pieces = vec![concat_pieces(pieces)?];
+                        together.add(blocks);
                     }
-                    let t = this.clone();
-                    let decode = move || match work {
-                        Work::Head => t.source.read_head(&t.projection),
-                        Work::Block(i) => t
-                            .source
-                            .read_block(&t.plan.blocks[i], &t.projection)
-                            .map(|c| vec![c]),
-                    };
-                    // A few rows of a block or of the head (an index-served query) read in
-                    // tens of microseconds: handing them to a blocking thread costs about as much
-                    // again in wake-ups, once per block.
-                    let columns = if selected <= INLINE_READ_ROWS {
-                        decode()?
-                    } else {
-                        tokio::task::spawn_blocking(decode)
-                            .await
-                            .map_err(|e| DataFusionError::External(Box::new(e)))??
-                    };
                     let mut batches = Vec::new();
-                    if matches!(work, Work::Block(_)) {
-                        read.add(1);
-                    }
-                    for (rows, cols) in columns {
+                    for (rows, cols) in pieces {
                         rows_read.add(rows);
                         let batch = this.apply_row_filters(RecordBatch::try_new_with_options(
                             this.schema.clone(),

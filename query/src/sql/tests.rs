@@ -302,6 +302,8 @@ fn pushdown_answers_equal_plain_scans() {
         // filters the scan applies row by row (no index answers them), under a TopK too
         "SELECT span_id, duration_ns FROM spans WHERE duration_ns > 20000000 AND service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 5".into(),
         "SELECT count(*), sum(duration_ns) FROM spans WHERE \"llm.lora_adapter\" <> 'sql-lora' OR duration_ns < 1000".into(),
+        // a few rows of each block, read together into one batch, then filtered
+        "SELECT span_id, duration_ns FROM spans WHERE \"worker.id\" = 'worker-2' AND duration_ns % 3 = 0".into(),
         "SELECT name, count(*) FROM span_events WHERE name LIKE '%token%' OR time > to_timestamp_nanos(0) GROUP BY name".into(),
         // partial aggregations over runs of equal keys (a trace's spans lie together)
         "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000 AS minute_us, count(*), \
@@ -488,6 +490,26 @@ fn explain_shows_what_was_pushed() {
             text.contains("filter=[duration_ns@") && !text.contains("FilterExec"),
             "{text}"
         );
+        // the few rows each block selects are read together, as one batch
+        let text = text_of(
+            &f,
+            "EXPLAIN ANALYZE SELECT count(DISTINCT trace_id) FROM spans WHERE \"worker.id\" = 'worker-2' AND \"llm.model_version\" = 'v1'",
+            true,
+        )
+        .await;
+        let metric = |name: &str| -> usize {
+            let at = text
+                .find(&format!("{name}="))
+                .unwrap_or_else(|| panic!("no {name}:\n{text}"));
+            text[at + name.len() + 1..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{name}:\n{text}"))
+        };
+        let read = metric("blocks_read");
+        assert!(read > 1, "{text}");
+        assert_eq!(metric("blocks_read_together"), read, "{text}");
     });
 }
 
