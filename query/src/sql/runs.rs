@@ -57,8 +57,8 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::{
-    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
-    RecordBatchStream, SendableRecordBatchStream, StatisticsArgs,
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
+    SendableRecordBatchStream, StatisticsArgs,
 };
 use futures::{Stream, StreamExt};
 
@@ -112,15 +112,20 @@ impl RunAggregateExec {
     }
 
     /// Whether `agg` is a partial aggregation this operator computes the same way: one
-    /// grouping set of at least one key, no limit or dynamic filter, input in no particular
-    /// order, and every aggregate with a grouped accumulator (no `DISTINCT`).
+    /// grouping set of at least one key, no limit or dynamic filter, and every aggregate with
+    /// a grouped accumulator (no `DISTINCT`).
+    ///
+    /// The input may be ordered on some or all of the keys (a `UNION ALL` of one branch per
+    /// dimension, each with its name as a constant key, is ordered on it): groups go out in
+    /// the order their first rows came, early emits included, so the output keeps the order
+    /// the aggregate declares. DataFusion's ordered modes emit finished groups sooner; here
+    /// they stay until the end or until the memory pool refuses more, as in linear mode.
     fn applies_to(agg: &AggregateExec) -> bool {
         *agg.mode() == AggregateMode::Partial
             && agg.group_expr().is_single()
             && !agg.group_expr().expr().is_empty()
             && agg.limit_options().is_none()
             && agg.dynamic_expressions_produced().is_empty()
-            && *agg.input_order_mode() == InputOrderMode::Linear
             && agg
                 .aggr_expr()
                 .iter()
@@ -777,6 +782,40 @@ mod tests {
         // runs were found: far fewer than rows for the (a, b) grouping
         let (_, plan) = run(queries[0], true, &[], usize::MAX).await;
         assert!(metric(&plan, "key_runs") < 60_000 / 20, "{plan}");
+    }
+
+    #[tokio::test]
+    async fn ordered_inputs_keep_their_order() {
+        // one branch per dimension, the dimension a constant key (input partly sorted)
+        let union = "SELECT k, b, count(*), sum(v) FROM \
+             (SELECT 'x' AS k, b, v FROM t UNION ALL SELECT 'y' AS k, b, v FROM t UNION ALL SELECT 'z' AS k, a AS b, v FROM t) \
+             GROUP BY k, b";
+        // in one partition, the final aggregation reads the partial one's output as it comes
+        let one = ["SET datafusion.execution.target_partitions = 1"];
+        let queries: [(&str, &[&str]); 4] = [
+            (union, &[]),
+            (union, &one),
+            // input sorted on every key, or on the first
+            (
+                "SELECT a, b, count(*), max(v) FROM (SELECT a, b, v FROM t ORDER BY a, b LIMIT 1000000) GROUP BY a, b",
+                &[],
+            ),
+            (
+                "SELECT a, c, count(*) FROM (SELECT a, c FROM t ORDER BY a LIMIT 1000000) GROUP BY a, c",
+                &[],
+            ),
+        ];
+        for (q, settings) in queries {
+            let (plain, before) = run(q, false, settings, usize::MAX).await;
+            let (with, after) = run(q, true, settings, usize::MAX).await;
+            assert!(
+                before.contains("mode=Partial") && before.contains("Sorted"),
+                "{before}"
+            );
+            assert!(after.contains("RunAggregateExec"), "{after}");
+            assert!(!plain.is_empty(), "{q}");
+            assert_eq!(with, plain, "{q}");
+        }
     }
 
     #[tokio::test]
