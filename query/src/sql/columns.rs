@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use arrow::array::{
     Array, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int64Array,
     Int64Builder, ListBuilder, MapBuilder, StringArray, StringBuilder, StringViewArray,
-    TimestampNanosecondArray, UInt32Array,
+    StringViewBuilder, TimestampNanosecondArray, UInt32Array,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::compute::cast;
@@ -222,7 +222,15 @@ impl SpanColumns {
             cols.push(c.clone());
         }
         for (i, d) in DEDICATED.iter().enumerate() {
-            fields.push(Field::new(d.name, sql_type(d.ty), true));
+            // an indexed text dimension (model version, adapter, worker, …) has few distinct
+            // values and is grouped, joined and compared by most queries: string views, as the
+            // core columns above
+            let ty = if d.indexed && d.ty == ColumnType::Str {
+                DataType::Utf8View
+            } else {
+                sql_type(d.ty)
+            };
+            fields.push(Field::new(d.name, ty, true));
             cols.push(SpanCol::Dedicated(i));
         }
         let taken = |k: &str| {
@@ -495,6 +503,11 @@ pub fn values_column(ty: &DataType, values: impl Iterator<Item = Option<Value>>)
             }
             Arc::new(b.finish())
         }
+        DataType::Utf8View => {
+            let mut b = StringViewBuilder::new();
+            values.for_each(|v| b.append_option(v.as_ref().and_then(value_text)));
+            Arc::new(b.finish())
+        }
         _ => {
             let mut b = StringBuilder::new();
             values.for_each(|v| b.append_option(v.as_ref().and_then(value_text)));
@@ -614,6 +627,14 @@ pub fn read_block<S: ChunkSource>(
             {
                 // a few rows of an indexed dimension: from its postings, no chunk decoded
                 conform(a, field.data_type())?
+            }
+            SpanCol::Dedicated(i) if field.data_type() == &DataType::Utf8View => {
+                // an indexed dimension's values as views into its dictionary pages
+                let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
+                match reader.string_views(&name, rows).map_err(s)? {
+                    Some(a) => conform(a, field.data_type())?,
+                    None => arrow::array::new_null_array(field.data_type(), n),
+                }
             }
             SpanCol::Dedicated(i) => {
                 let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
@@ -746,6 +767,7 @@ fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
                 }
                 DataType::Boolean => Value::Bool(a.as_boolean().value(i)),
                 DataType::Utf8 => Value::Str(a.as_string::<i32>().value(i).to_owned()),
+                DataType::Utf8View => Value::Str(a.as_string_view().value(i).to_owned()),
                 DataType::List(_) => {
                     let l = a.as_list::<i32>().value(i);
                     Value::Array(
