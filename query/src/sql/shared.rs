@@ -174,6 +174,9 @@ enum Outcome {
     Kept {
         partitions: Vec<KeptPartition>,
         reservation: Mutex<MemoryReservation>,
+        /// What was kept, for EXPLAIN ANALYZE.
+        batches: usize,
+        bytes: usize,
     },
     /// The batches would not fit in the query's memory: consumers run their own copies.
     TooLarge,
@@ -193,6 +196,7 @@ impl Outcome {
         let Outcome::Kept {
             partitions,
             reservation,
+            ..
         } = self
         else {
             return None;
@@ -298,9 +302,22 @@ impl SharedState {
         }
         let reservation = Arc::try_unwrap(reservation)
             .map_err(|_| DataFusionError::Internal("SharedExec: a partition still runs".into()))?;
+        let batches = partitions
+            .iter()
+            .map(|p| {
+                p.batches
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .map_or(0, Vec::len)
+            })
+            .sum();
+        let bytes = partitions.iter().map(|p| p.bytes).sum();
         Ok(Outcome::Kept {
             partitions,
             reservation,
+            batches,
+            bytes,
         })
     }
 }
@@ -328,10 +345,29 @@ impl DisplayAs for SharedExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "SharedExec: id={}, consumers={} (computed once)",
+            "SharedExec: id={}, consumers={} ",
             self.state.id,
             self.state.consumers.load(Ordering::Relaxed)
-        )
+        )?;
+        // once it ran (EXPLAIN ANALYZE), what happened
+        match self.state.outcome.get() {
+            None => write!(
+                f,
+                "(computed once if its batches fit in the query's memory)"
+            ),
+            Some(Ok(outcome)) => match outcome.as_ref() {
+                Outcome::Kept { batches, bytes, .. } => write!(
+                    f,
+                    "(computed once: {batches} batches, {:.1} MiB kept)",
+                    *bytes as f64 / (1 << 20) as f64
+                ),
+                Outcome::TooLarge => write!(
+                    f,
+                    "(too large for the query's memory: each consumer ran its own copy)"
+                ),
+            },
+            Some(Err(_)) => write!(f, "(failed)"),
+        }
     }
 }
 

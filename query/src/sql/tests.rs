@@ -548,6 +548,7 @@ fn repeated_subplans_are_computed_once() {
             .map(|s| s.split([',', ']']).next().unwrap_or_default())
             .collect();
         assert_eq!(reads.len(), 1, "one scan should run:\n{analyzed}");
+        assert!(analyzed.contains("(computed once: "), "{analyzed}");
         let with = rows(&f, q, true).await.unwrap();
         assert_eq!(with, rows(&f, q, false).await.unwrap());
         assert!(with.iter().all(|r| r[1] == r[2]), "{with:?}");
@@ -607,6 +608,10 @@ fn shared_subplans_that_do_not_fit_run_per_consumer() {
             .to_string();
         assert!(text.contains("SharedExec"), "{text}");
         assert_eq!(text.matches("blocks_read=").count(), 2, "{text}");
+        assert!(
+            text.contains("(too large for the query's memory: each consumer ran its own copy)"),
+            "{text}"
+        );
     });
 }
 
