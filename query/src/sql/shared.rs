@@ -20,7 +20,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::{
+    Array, AsArray, DictionaryArray, Int32Array, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use arrow::compute::{cast, take};
+use arrow::datatypes::{DataType, Int32Type, Schema, SchemaRef};
 use datafusion::common::Statistics;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -259,7 +263,7 @@ impl SharedState {
                         if too_large.load(Ordering::Relaxed) {
                             return Ok(None);
                         }
-                        let batch = batch?;
+                        let batch = pack(batch?)?;
                         // the batch's own share of its buffers (scans hand out slices of
                         // larger arrays)
                         let bytes: usize = batch
@@ -321,6 +325,86 @@ impl SharedState {
         })
     }
 }
+
+/// Text columns whose values come in runs (a trace's id over its spans' rows) are kept with
+/// each run's value once and a key per row: the decode side of a join over trace ids takes
+/// about a third of the memory, and more of it fits in the query's budget.
+fn pack(batch: RecordBatch) -> Result<RecordBatch> {
+    if batch.num_rows() < PACK_MIN_ROWS {
+        return Ok(batch);
+    }
+    let mut columns = batch.columns().to_vec();
+    let mut packed = false;
+    for column in columns.iter_mut() {
+        if column.data_type() != &DataType::Utf8 || column.null_count() > 0 {
+            continue;
+        }
+        let text = column.as_string::<i32>();
+        let mut starts: Vec<u32> = vec![0];
+        let mut keys: Vec<i32> = Vec::with_capacity(text.len());
+        for i in 0..text.len() {
+            if i > 0 && text.value(i) != text.value(i - 1) {
+                starts.push(i as u32);
+                if starts.len() * PACK_ROWS_PER_RUN > text.len() {
+                    break; // runs too short to pay
+                }
+            }
+            keys.push(starts.len() as i32 - 1);
+        }
+        if keys.len() < text.len() {
+            continue;
+        }
+        let values = take(column.as_ref(), &UInt32Array::from(starts), None)?;
+        *column = Arc::new(DictionaryArray::<Int32Type>::try_new(
+            Int32Array::from(keys),
+            values,
+        )?);
+        packed = true;
+    }
+    if !packed {
+        return Ok(batch);
+    }
+    let fields: Vec<_> = batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(&columns)
+        .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+        .collect();
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// A kept batch as the subtree made it (see [`pack`]).
+fn unpack(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                Ok(cast(c, f.data_type())?)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
+
+/// Batches shorter than this are kept as they are.
+const PACK_MIN_ROWS: usize = 256;
+/// A text column is packed when its runs are this many rows long on average, or longer.
+const PACK_ROWS_PER_RUN: usize = 4;
 
 /// One consumer of a shared subtree. Its child is its own copy of the subtree (shown by
 /// EXPLAIN, run only when the shared batches would not fit in memory).
@@ -451,15 +535,82 @@ impl ExecutionPlan for SharedExec {
                 .clone()
                 .map_err(DataFusionError::Shared)?;
             let batches: SendableRecordBatchStream = match outcome.take(partition) {
-                Some(batches) => Box::pin(RecordBatchStreamAdapter::new(
-                    own.schema(),
-                    futures::stream::iter(batches.into_iter().map(Ok)),
-                )),
+                Some(batches) => {
+                    let schema = own.schema();
+                    Box::pin(RecordBatchStreamAdapter::new(
+                        own.schema(),
+                        futures::stream::iter(batches.into_iter().map(move |b| unpack(b, &schema))),
+                    ))
+                }
                 None => own.execute(partition, context)?,
             };
             Ok::<_, DataFusionError>(batches)
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::Field;
+
+    use super::*;
+
+    fn batch(ids: Vec<Option<String>>) -> RecordBatch {
+        let n = ids.len() as i64;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("trace_id", DataType::Utf8, true),
+            Field::new("d", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(ids)),
+                Arc::new(Int64Array::from_iter_values(0..n)),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn text_in_runs_is_kept_packed_and_read_back_the_same() {
+        // runs of 5 or 6 rows, each value coming back after 96 others
+        let ids: Vec<Option<String>> = (0..2_000)
+            .map(|i: usize| Some(format!("{:032x}", (i * 7 / 37) % 97)))
+            .collect();
+        let b = batch(ids);
+        let packed = pack(b.clone()).unwrap();
+        assert!(matches!(
+            packed.column(0).data_type(),
+            DataType::Dictionary(..)
+        ));
+        let size = |b: &RecordBatch| -> usize {
+            b.columns()
+                .iter()
+                .map(|c| c.to_data().get_slice_memory_size().unwrap())
+                .sum()
+        };
+        assert!(
+            size(&packed) * 2 < size(&b),
+            "{} {}",
+            size(&packed),
+            size(&b)
+        );
+        assert_eq!(unpack(packed, &b.schema()).unwrap(), b);
+        // a value per row, nulls, or a short batch: kept as they are
+        let distinct = batch((0..2_000).map(|i| Some(format!("{i:032x}"))).collect());
+        let with_null = batch(
+            (0..2_000)
+                .map(|i| (i != 7).then(|| format!("{:032x}", i / 50)))
+                .collect(),
+        );
+        let short = batch((0..100).map(|i| Some(format!("{:032x}", i / 50))).collect());
+        for b in [distinct, with_null, short] {
+            let kept = pack(b.clone()).unwrap();
+            assert_eq!(kept, b);
+            assert_eq!(unpack(kept, &b.schema()).unwrap(), b);
+        }
     }
 }
