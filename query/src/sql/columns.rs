@@ -558,8 +558,8 @@ pub fn read_block<S: ChunkSource>(
                     .ok_or_else(|| DataFusionError::Internal(format!("{name}: unexpected type")))?;
                 hex_column(a)
             }
-            SpanCol::ServiceName => indexed_views(reader, DIM_SERVICE, col::SERVICE, rows)?,
-            SpanCol::Name => indexed_views(reader, DIM_NAME, col::NAME, rows)?,
+            SpanCol::ServiceName => core_views(reader, DIM_SERVICE, col::SERVICE, rows)?,
+            SpanCol::Name => core_views(reader, DIM_NAME, col::NAME, rows)?,
             SpanCol::StatusMessage => conform(
                 required(reader, col::STATUS_MESSAGE, rows)?,
                 &DataType::Utf8,
@@ -618,23 +618,12 @@ pub fn read_block<S: ChunkSource>(
                     }
                 })))
             }
-            SpanCol::Dedicated(i)
-                if DEDICATED[*i].indexed
-                    && DEDICATED[*i].ty == ColumnType::Str
-                    && let Some(a) = reader
-                        .indexed_strings_of(DEDICATED[*i].name, rows)
-                        .map_err(s)? =>
-            {
-                // a few rows of an indexed dimension: from its postings, no chunk decoded
-                conform(a, field.data_type())?
-            }
             SpanCol::Dedicated(i) if field.data_type() == &DataType::Utf8View => {
-                // an indexed dimension's values as views into its dictionary pages
-                let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
-                match reader.string_views(&name, rows).map_err(s)? {
-                    Some(a) => conform(a, field.data_type())?,
-                    None => arrow::array::new_null_array(field.data_type(), n),
-                }
+                // an indexed text dimension (see `with_dynamic`)
+                let d = &DEDICATED[*i];
+                let name = format!("{}{}", col::DEDICATED_PREFIX, d.name);
+                indexed_views(reader, d.name, &name, rows)?
+                    .unwrap_or_else(|| arrow::array::new_null_array(field.data_type(), n))
             }
             SpanCol::Dedicated(i) => {
                 let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
@@ -696,28 +685,32 @@ fn required<S: ChunkSource>(
         .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
 }
 
-/// A core string column indexed by postings (`service_name`, `name`): a few rows (a trace's
-/// run, a lookup's scattered rows) from the block's postings of it, so the column's chunk is not
-/// decompressed and decoded for them; otherwise from its chunk.
+/// A string column indexed by postings (`service_name`, `name`, an indexed LLM dimension) as
+/// string views: a few rows (a trace's run, a lookup's scattered rows) from the block's postings
+/// of it, so the column's chunk is not decompressed and decoded for them; otherwise straight
+/// from its dictionary pages. `None` when the block has no such column.
 fn indexed_views<S: ChunkSource>(
     reader: &BlockReader<'_, S>,
     dim: &str,
     name: &str,
     rows: &Rows,
-) -> Result<ArrayRef> {
-    match reader.indexed_strings_of(dim, rows).map_err(storage_err)? {
-        Some(a) => conform(a, &DataType::Utf8View),
-        None => views(reader, name, rows),
-    }
+) -> Result<Option<ArrayRef>> {
+    let array = match reader.indexed_strings_of(dim, rows).map_err(storage_err)? {
+        Some(a) => Some(a),
+        None => reader.string_views(name, rows).map_err(storage_err)?,
+    };
+    array.map(|a| conform(a, &DataType::Utf8View)).transpose()
 }
 
-/// A core string column as string views, straight from its dictionary pages.
-fn views<S: ChunkSource>(reader: &BlockReader<'_, S>, name: &str, rows: &Rows) -> Result<ArrayRef> {
-    let array = reader
-        .string_views(name, rows)
-        .map_err(storage_err)?
-        .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))?;
-    conform(array, &DataType::Utf8View)
+/// A core string column (every block has it) as string views: see [`indexed_views`].
+fn core_views<S: ChunkSource>(
+    reader: &BlockReader<'_, S>,
+    dim: &str,
+    name: &str,
+    rows: &Rows,
+) -> Result<ArrayRef> {
+    indexed_views(reader, dim, name, rows)?
+        .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
 }
 
 /// A head row's value of dedicated column `i`, as a block stores it (and indexes it): the first

@@ -446,7 +446,7 @@ impl RunAggregateStream {
 /// A row is flagged wherever its key is not the same to the bit (or, for strings, the same
 /// bytes) as the previous row's. Equal keys with different bits (`0.0` and `-0.0`) only split
 /// a run in two: both runs are interned and get the same group.
-fn key_changes(keys: &[ArrayRef], rows: usize) -> Result<Vec<bool>> {
+pub(super) fn key_changes(keys: &[ArrayRef], rows: usize) -> Result<Vec<bool>> {
     let mut changed = vec![false; rows];
     if rows == 0 {
         return Ok(changed);
@@ -530,7 +530,7 @@ fn views<T: ByteViewType + ?Sized>(
 }
 
 /// Each run's rows, from the flags of [`key_changes`].
-fn runs_of(changed: &[bool]) -> Vec<Range<usize>> {
+pub(super) fn runs_of(changed: &[bool]) -> Vec<Range<usize>> {
     let mut runs = Vec::new();
     let mut start = 0;
     for (i, &c) in changed.iter().enumerate().skip(1) {

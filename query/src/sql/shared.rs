@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{
-    Array, AsArray, DictionaryArray, Int32Array, RecordBatch, RecordBatchOptions, UInt32Array,
+    Array, DictionaryArray, Int32Array, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use arrow::compute::{cast, take};
 use arrow::datatypes::{DataType, Int32Type, Schema, SchemaRef};
@@ -45,6 +45,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
+use super::runs::{key_changes, runs_of};
 use super::scan::WeftScanExec;
 
 /// Function names whose value changes from call to call: subtrees using them are not shared.
@@ -178,9 +179,8 @@ enum Outcome {
     Kept {
         partitions: Vec<KeptPartition>,
         reservation: Mutex<MemoryReservation>,
-        /// What was kept, for EXPLAIN ANALYZE.
+        /// Batches kept, for EXPLAIN ANALYZE.
         batches: usize,
-        bytes: usize,
     },
     /// The batches would not fit in the query's memory: consumers run their own copies.
     TooLarge,
@@ -288,12 +288,14 @@ impl SharedState {
             .collect();
         let consumers = self.consumers.load(Ordering::Relaxed);
         let mut partitions = Vec::with_capacity(n);
+        let mut kept_batches = 0;
         for task in tasks {
             let kept = task
                 .join_unwind()
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))??;
             if let Some((batches, bytes)) = kept {
+                kept_batches += batches.len();
                 partitions.push(KeptPartition {
                     batches: Mutex::new(Some(batches)),
                     bytes,
@@ -306,22 +308,10 @@ impl SharedState {
         }
         let reservation = Arc::try_unwrap(reservation)
             .map_err(|_| DataFusionError::Internal("SharedExec: a partition still runs".into()))?;
-        let batches = partitions
-            .iter()
-            .map(|p| {
-                p.batches
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_ref()
-                    .map_or(0, Vec::len)
-            })
-            .sum();
-        let bytes = partitions.iter().map(|p| p.bytes).sum();
         Ok(Outcome::Kept {
             partitions,
             reservation,
-            batches,
-            bytes,
+            batches: kept_batches,
         })
     }
 }
@@ -330,7 +320,8 @@ impl SharedState {
 /// each run's value once and a key per row: the decode side of a join over trace ids takes
 /// about a third of the memory, and more of it fits in the query's budget.
 fn pack(batch: RecordBatch) -> Result<RecordBatch> {
-    if batch.num_rows() < PACK_MIN_ROWS {
+    let rows = batch.num_rows();
+    if rows < PACK_MIN_ROWS {
         return Ok(batch);
     }
     let mut columns = batch.columns().to_vec();
@@ -339,26 +330,18 @@ fn pack(batch: RecordBatch) -> Result<RecordBatch> {
         if column.data_type() != &DataType::Utf8 || column.null_count() > 0 {
             continue;
         }
-        let text = column.as_string::<i32>();
-        let mut starts: Vec<u32> = vec![0];
-        let mut keys: Vec<i32> = Vec::with_capacity(text.len());
-        for i in 0..text.len() {
-            if i > 0 && text.value(i) != text.value(i - 1) {
-                starts.push(i as u32);
-                if starts.len() * PACK_ROWS_PER_RUN > text.len() {
-                    break; // runs too short to pay
-                }
-            }
-            keys.push(starts.len() as i32 - 1);
+        let runs = runs_of(&key_changes(std::slice::from_ref(column), rows)?);
+        if runs.len() * PACK_ROWS_PER_RUN > rows {
+            continue; // runs too short to pay
         }
-        if keys.len() < text.len() {
-            continue;
-        }
-        let values = take(column.as_ref(), &UInt32Array::from(starts), None)?;
-        *column = Arc::new(DictionaryArray::<Int32Type>::try_new(
-            Int32Array::from(keys),
-            values,
-        )?);
+        let starts = UInt32Array::from_iter_values(runs.iter().map(|r| r.start as u32));
+        let keys = Int32Array::from_iter_values(
+            runs.iter()
+                .enumerate()
+                .flat_map(|(k, r)| std::iter::repeat_n(k as i32, r.len())),
+        );
+        let values = take(column.as_ref(), &starts, None)?;
+        *column = Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values)?);
         packed = true;
     }
     if !packed {
@@ -440,11 +423,18 @@ impl DisplayAs for SharedExec {
                 "(computed once if its batches fit in the query's memory)"
             ),
             Some(Ok(outcome)) => match outcome.as_ref() {
-                Outcome::Kept { batches, bytes, .. } => write!(
-                    f,
-                    "(computed once: {batches} batches, {:.1} MiB kept)",
-                    *bytes as f64 / (1 << 20) as f64
-                ),
+                Outcome::Kept {
+                    partitions,
+                    batches,
+                    ..
+                } => {
+                    let bytes: usize = partitions.iter().map(|p| p.bytes).sum();
+                    write!(
+                        f,
+                        "(computed once: {batches} batches, {:.1} MiB kept)",
+                        bytes as f64 / (1 << 20) as f64
+                    )
+                }
                 Outcome::TooLarge => write!(
                     f,
                     "(too large for the query's memory: each consumer ran its own copy)"
