@@ -22,7 +22,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if [ "${1:-}" = "--python" ]; then
-  if [ ! -x .venv/bin/pytest ] || ! .venv/bin/python -c "import opentelemetry.exporter.otlp.proto.grpc, psycopg, asyncpg" 2>/dev/null; then
+  if [ ! -x .venv/bin/pytest ] || ! .venv/bin/python -c "import opentelemetry.exporter.otlp.proto.grpc, psycopg, asyncpg, duckdb" 2>/dev/null; then
     echo "setup: creating .venv with the OpenTelemetry SDK, psycopg, asyncpg and pytest"
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt

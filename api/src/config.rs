@@ -1,6 +1,7 @@
 //! Configuration: one typed struct, read from a TOML file (`--config`), environment variables
 //! (`WEFT_*`) and flags, in rising order of precedence; parsed raw, then validated.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +13,9 @@ use weft_query::sql::SqlConfig;
 use weft_storage::StoreOptions;
 
 use crate::time::parse_duration;
+
+mod retention;
+use retention::RetentionKeys;
 
 /// `weft serve` options. Each is also a `WEFT_*` environment variable and a key of the TOML
 /// file (same name, `-` written `_`).
@@ -56,6 +60,19 @@ pub struct ServeArgs {
     /// RocksDB block cache in bytes [default: 134217728].
     #[arg(long, env = "WEFT_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
+    /// How long rows are kept, e.g. 30d; 0 keeps them forever [default: 0]. Per tenant and per
+    /// signal in the TOML file (`[tenants.NAME]`).
+    #[arg(long, env = "WEFT_RETENTION")]
+    pub retention: Option<String>,
+    /// How long spans are kept, overriding --retention.
+    #[arg(long, env = "WEFT_SPANS_RETENTION")]
+    pub spans_retention: Option<String>,
+    /// How long logs are kept, overriding --retention.
+    #[arg(long, env = "WEFT_LOGS_RETENTION")]
+    pub logs_retention: Option<String>,
+    /// How long metric points are kept, overriding --retention.
+    #[arg(long, env = "WEFT_METRICS_RETENTION")]
+    pub metrics_retention: Option<String>,
     /// PostgreSQL wire protocol listen address, host:port [default: 127.0.0.1:5433].
     #[arg(long, env = "WEFT_PG_LISTEN")]
     pub pg_listen: Option<String>,
@@ -92,6 +109,13 @@ struct FileConfig {
     max_pending_rows: Option<usize>,
     block_window: Option<String>,
     cache_bytes: Option<usize>,
+    retention: Option<String>,
+    spans_retention: Option<String>,
+    logs_retention: Option<String>,
+    metrics_retention: Option<String>,
+    /// Per-tenant settings: `[tenants.acme]` with retention keys.
+    #[serde(default)]
+    tenants: BTreeMap<String, RetentionKeys>,
     pg_listen: Option<String>,
     pg_password: Option<String>,
     sql_memory_limit: Option<usize>,
@@ -221,6 +245,22 @@ impl Config {
                 .cache_bytes
                 .or(file.cache_bytes)
                 .unwrap_or(store_default.cache_bytes),
+            retention: retention::retention(
+                RetentionKeys {
+                    retention: args.retention,
+                    spans_retention: args.spans_retention,
+                    logs_retention: args.logs_retention,
+                    metrics_retention: args.metrics_retention,
+                }
+                .or(RetentionKeys {
+                    retention: file.retention,
+                    spans_retention: file.spans_retention,
+                    logs_retention: file.logs_retention,
+                    metrics_retention: file.metrics_retention,
+                }),
+                &file.tenants,
+            )?,
+            ..store_default
         };
         if store.window < Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
@@ -310,6 +350,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weft_storage::model::TenantId;
 
     #[test]
     fn defaults_are_the_embedded_default() {
@@ -353,5 +394,48 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().starts_with("flush_age:"), "{e}");
+    }
+
+    #[test]
+    fn retention_per_tenant_and_signal_from_the_file_and_flags() {
+        use weft_storage::keys::Signal;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weft.toml");
+        std::fs::write(
+            &path,
+            "retention = \"30d\"\nlogs_retention = \"7d\"\n\
+             [tenants.acme]\nretention = \"90d\"\nlogs_retention = \"1d\"\n\
+             [tenants.free]\nspans_retention = \"12h\"\n",
+        )
+        .unwrap();
+        let c = Config::load(ServeArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let r = &c.store.retention;
+        let day = Duration::from_secs(86_400);
+        let t = |n: &str| TenantId::new(n).unwrap();
+        assert_eq!(r.of(&t("other"), Signal::Spans), Some(30 * day));
+        assert_eq!(r.of(&t("other"), Signal::Logs), Some(7 * day));
+        assert_eq!(r.of(&t("acme"), Signal::Spans), Some(90 * day));
+        assert_eq!(r.of(&t("acme"), Signal::Logs), Some(day));
+        assert_eq!(r.of(&t("free"), Signal::Spans), Some(day / 2));
+        assert_eq!(r.of(&t("free"), Signal::Logs), Some(7 * day));
+        // the flag overrides the file's default; 0 keeps forever
+        let c = Config::load(ServeArgs {
+            config: Some(path.clone()),
+            retention: Some("0".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.store.retention.of(&t("other"), Signal::Spans), None);
+        std::fs::write(&path, "[tenants.acme]\nretention = \"soon\"\n").unwrap();
+        let e = Config::load(ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("tenants.acme.retention"), "{e}");
     }
 }

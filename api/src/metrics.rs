@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use weft_ingest::{Ingester, RejectReason};
-use weft_storage::Store;
+use weft_storage::{Store, TaskStats};
 
 const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
@@ -162,10 +162,35 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_blocks_expired_total",
+        "Blocks deleted because their window fell out of retention.",
+        load(&s.blocks_expired),
+    );
+    counter(
+        &mut out,
+        "weft_merges_total",
+        "Merges of small blocks into larger ones.",
+        load(&s.merges),
+    );
+    counter(
+        &mut out,
+        "weft_blocks_merged_total",
+        "Small blocks merged into larger ones.",
+        load(&s.blocks_merged),
+    );
+    counter(
+        &mut out,
+        "weft_blocks_deleted_total",
+        "Merged or expired blocks whose data was deleted (once no query read them).",
+        load(&s.blocks_deleted),
+    );
+    counter(
+        &mut out,
         "weft_appends_refused_total",
         "Appends refused because too many rows waited for flush.",
         load(&s.appends_refused),
     );
+    render_tasks(&mut out, store);
     gauge(
         &mut out,
         "weft_blocks",
@@ -214,4 +239,35 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         store.rocksdb_db_property("rocksdb.block-cache-usage") as f64,
     );
     out
+}
+
+/// The store's background tasks: rounds that did work, failures and panics, by task.
+fn render_tasks(out: &mut String, store: &Store) {
+    let tasks = store.stats.tasks();
+    for (name, help, pick) in [
+        (
+            "weft_background_runs_total",
+            "Background task rounds that did work.",
+            (|t: &TaskStats| &t.runs) as fn(&TaskStats) -> &AtomicU64,
+        ),
+        (
+            "weft_background_failures_total",
+            "Background task rounds that failed (retried with back-off).",
+            |t: &TaskStats| &t.failures,
+        ),
+        (
+            "weft_background_panics_total",
+            "Background task rounds that panicked (retried with back-off).",
+            |t: &TaskStats| &t.panics,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (task, stats) in &tasks {
+            let _ = writeln!(
+                out,
+                "{name}{{task=\"{task}\"}} {}",
+                pick(stats).load(Ordering::Relaxed)
+            );
+        }
+    }
 }

@@ -1,12 +1,10 @@
 //! Starting and stopping the server: open the store (replaying the write-ahead head), bind the
-//! three listeners, run the flusher, and on SIGTERM or SIGINT stop taking requests, flush the
+//! three listeners, start the store's background tasks, and on SIGTERM or SIGINT stop taking requests, flush the
 //! head into blocks and close the store.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -66,24 +64,6 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Serve
         .map_err(|source| ServeError::Bind { addr, what, source })
 }
 
-/// Flushes heads that are due, until told to stop.
-fn start_flusher(store: Arc<Store>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("weft-flush".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                std::thread::park_timeout(Duration::from_millis(100));
-                if store.flush_due()
-                    && let Err(e) = store.flush(false)
-                {
-                    tracing::error!(error = %e, "flush failed; rows stay in the write-ahead head");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
-        })
-        .expect("spawn flusher thread")
-}
-
 async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
@@ -128,8 +108,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let api_listener = bind(config.http_listen, "query API").await?;
     let pg_listener = bind(config.pg_listen, "PostgreSQL wire").await?;
 
-    let stop_flusher = Arc::new(AtomicBool::new(false));
-    let flusher = start_flusher(store.clone(), stop_flusher.clone());
+    let background = store.start_background();
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let grpc = tonic::transport::Server::builder()
@@ -192,14 +171,14 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         },
         pg,
     );
-    stop_flusher.store(true, Ordering::Release);
-    flusher.thread().unpark();
-    let _ = flusher.join();
     let closing = store.clone();
-    tokio::task::spawn_blocking(move || closing.close())
-        .await
-        .expect("close task")
-        .map_err(ServeError::Close)?;
+    tokio::task::spawn_blocking(move || {
+        background.stop();
+        closing.close()
+    })
+    .await
+    .expect("close task")
+    .map_err(ServeError::Close)?;
     tracing::info!("store flushed and closed");
     g.and(h).and(a).and(Ok(p))
 }

@@ -1,13 +1,14 @@
 //! Times and durations as people write them: RFC 3339 timestamps, Unix nanoseconds, and
-//! durations like `250ms` or `2s`. The one place that reads the wall clock is [`now`].
+//! durations like `250ms` or `2s`. [`now`] reads the wall clock through the storage crate's
+//! `SystemClock`, the one place that reads the system time.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use weft_storage::clock::{Clock, SystemClock};
 
 /// The wall clock, in Unix nanoseconds.
 pub fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    SystemClock.now().0
 }
 
 /// Parses `250ms`, `2s`, `1.5s`, `3m`, `1h`, `10us`, `500ns` (a bare number is nanoseconds).

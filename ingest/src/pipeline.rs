@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 use weft_storage::Store;
+use weft_storage::keys::Signal;
 use weft_storage::model::TenantId;
 
 use crate::error::IngestError;
@@ -45,10 +46,11 @@ pub enum RejectReason {
     Undecodable,
     TooLarge,
     Overloaded,
+    Expired,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 7] = [
+    pub const ALL: [RejectReason; 8] = [
         Self::InvalidId,
         Self::EndBeforeStart,
         Self::InvalidEnum,
@@ -56,6 +58,7 @@ impl RejectReason {
         Self::Undecodable,
         Self::TooLarge,
         Self::Overloaded,
+        Self::Expired,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -66,6 +69,7 @@ impl RejectReason {
             Self::Undecodable => "undecodable",
             Self::TooLarge => "too_large",
             Self::Overloaded => "overloaded",
+            Self::Expired => "expired",
         }
     }
 }
@@ -76,7 +80,7 @@ pub struct IngestStats {
     pub spans_accepted: AtomicU64,
     pub spans_duplicate: AtomicU64,
     /// Spans refused, indexed like [`RejectReason::ALL`]; whole-request refusals count requests.
-    pub rejected: [AtomicU64; 7],
+    pub rejected: [AtomicU64; 8],
 }
 
 impl IngestStats {
@@ -204,8 +208,12 @@ impl Ingester {
         tenant: &TenantId,
         req: ExportTraceServiceRequest,
     ) -> Result<ExportOutcome, IngestError> {
+        let retention = self.store.options().retention.of(tenant, Signal::Spans);
         let limits = SpanLimits {
             max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
+            retention: retention
+                .zip(self.store.cutoff(tenant, Signal::Spans))
+                .map(|(d, c)| (c, d)),
         };
         let converted = convert_request(req, limits);
         for (reason, n) in &converted.rejected {

@@ -1,6 +1,6 @@
 //! Trace search: traces having one span that matches every filter, newest trace first.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use roaring::RoaringBitmap;
 use weft_storage::Store;
@@ -9,9 +9,10 @@ use weft_storage::block::writer::col;
 use weft_storage::block::{BlockMeta, TraceEntry};
 use weft_storage::codec::Reader;
 use weft_storage::keys::BlockAddr;
-use weft_storage::model::{SpanRecord, StatusCode, TenantId, TraceId, Value};
+use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
 use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, dedicated_for};
 use weft_storage::store::Snapshot;
+use weft_storage::summary::SummaryBuilder;
 
 use crate::error::QueryError;
 
@@ -87,7 +88,10 @@ pub fn search(
         if !overlaps(meta, req) {
             continue;
         }
-        let rows = matching_rows(store, tenant, *addr, meta, req)?;
+        let mut rows = matching_rows(store, tenant, *addr, meta, req)?;
+        if let Some(live) = store.live_rows(tenant, &snapshot, *addr, meta)? {
+            rows &= live;
+        }
         if rows.is_empty() {
             continue;
         }
@@ -283,73 +287,42 @@ fn summarize(
     trace: &TraceId,
     snapshot: &Snapshot,
 ) -> Result<Option<TraceSummary>, QueryError> {
-    let mut acc = Acc::default();
-    for (_, entry) in store.trace_locations_in(tenant, snapshot, trace)? {
-        acc.add(
-            entry.min_start,
-            entry.max_end,
-            entry.rows.into(),
-            entry.errors.into(),
-            entry.root,
-        );
+    let mut acc = SummaryBuilder::default();
+    let entries = store.trace_locations_in(tenant, snapshot, trace)?;
+    if let Some(cutoff) = snapshot.cutoff
+        && entries.iter().any(|(_, e)| e.min_start < cutoff.0)
+    {
+        // some of its spans are out of retention: summarise the ones still kept
+        for s in store.trace(tenant, trace)? {
+            acc.add_span(&s);
+        }
+        return Ok(acc.finish(*trace).map(TraceSummary::from));
+    }
+    for (_, entry) in &entries {
+        acc.add_entry(entry);
     }
     let mut seen: HashMap<_, ()> = HashMap::new();
     for s in snapshot.head.rows().filter(|s| s.trace_id == *trace) {
         if seen.insert(s.span_id, ()).is_some() {
             continue;
         }
-        let root = s
-            .parent_span_id
-            .is_none()
-            .then(|| (s.service_name().to_owned(), s.name.clone()));
-        acc.add(
-            s.start.0,
-            s.end.0,
-            1,
-            u64::from(s.status_code == StatusCode::Error),
-            root,
-        );
+        acc.add_span(s);
     }
-    Ok(acc.finish(*trace))
+    Ok(acc.finish(*trace).map(TraceSummary::from))
 }
 
-#[derive(Default)]
-struct Acc {
-    start: Option<u64>,
-    end: u64,
-    spans: u64,
-    errors: u64,
-    roots: BTreeMap<u64, (String, String)>,
-}
-
-impl Acc {
-    fn add(
-        &mut self,
-        start: u64,
-        end: u64,
-        spans: u64,
-        errors: u64,
-        root: Option<(String, String)>,
-    ) {
-        self.start = Some(self.start.map_or(start, |s| s.min(start)));
-        self.end = self.end.max(end);
-        self.spans += spans;
-        self.errors += errors;
-        if let Some(r) = root {
-            self.roots.entry(start).or_insert(r);
-        }
-    }
-    fn finish(self, trace_id: TraceId) -> Option<TraceSummary> {
-        let start = self.start?;
-        let (root_service, root_name) = self.roots.into_values().next().unwrap_or_default();
-        Some(TraceSummary {
-            trace_id,
+impl From<weft_storage::summary::TraceSummary> for TraceSummary {
+    fn from(s: weft_storage::summary::TraceSummary) -> Self {
+        let duration_ns = s.duration_ns();
+        let (root_service, root_name) = s.root.map(|r| (r.service, r.name)).unwrap_or_default();
+        Self {
+            trace_id: s.trace_id,
             root_service,
             root_name,
-            start_time: start,
-            duration_ns: self.end.saturating_sub(start),
-            span_count: self.spans,
-            error_count: self.errors,
-        })
+            start_time: s.start,
+            duration_ns,
+            span_count: s.spans,
+            error_count: s.errors,
+        }
     }
 }

@@ -6,6 +6,9 @@ pub mod packed;
 pub mod reader;
 pub mod writer;
 
+#[cfg(test)]
+mod proptests;
+
 pub use format::{BlockMeta, ColumnMeta, TraceEntry};
 pub use reader::BlockReader;
 pub use writer::{BuiltBlock, build_block};

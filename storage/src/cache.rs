@@ -46,4 +46,18 @@ impl<V: Clone> Bounded<V> {
             inner.weight -= old;
         }
     }
+
+    /// Keeps only the entries whose key passes `keep` (entries of deleted data).
+    pub fn retain(&self, keep: impl Fn(&[u8]) -> bool) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dropped = 0;
+        inner.map.retain(|k, (w, _)| {
+            let kept = keep(k);
+            if !kept {
+                dropped += *w;
+            }
+            kept
+        });
+        inner.weight -= dropped;
+    }
 }

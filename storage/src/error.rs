@@ -32,6 +32,8 @@ pub enum StorageError {
     Arrow(#[from] arrow::error::ArrowError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{what} panicked: {message}")]
+    Panicked { what: String, message: String },
     #[error("store is shutting down")]
     ShuttingDown,
 }

@@ -8,7 +8,6 @@ use std::time::Instant;
 use crate::model::{SpanId, SpanRecord, TraceId};
 
 /// Accepted rows of one tenant, in the batches they arrived in.
-#[derive(Default)]
 pub struct Head {
     pub batches: Vec<Arc<Vec<SpanRecord>>>,
     /// (batch, row) of each trace's rows.
@@ -20,6 +19,23 @@ pub struct Head {
     pub seen: FxHashSet<(TraceId, SpanId)>,
     pub rows: usize,
     pub since: Option<Instant>,
+    /// The earliest start time of its rows (`u64::MAX` when empty), so that a read under a
+    /// retention cutoff filters the head only when some row is older.
+    pub min_start: u64,
+}
+
+impl Default for Head {
+    fn default() -> Self {
+        Self {
+            batches: Vec::new(),
+            by_trace: FxHashMap::default(),
+            wal_keys: Vec::new(),
+            seen: FxHashSet::default(),
+            rows: 0,
+            since: None,
+            min_start: u64::MAX,
+        }
+    }
 }
 
 impl Head {
@@ -30,6 +46,7 @@ impl Head {
                 .entry(span.trace_id)
                 .or_default()
                 .push((b, i as u32));
+            self.min_start = self.min_start.min(span.start.0);
         }
         self.rows += batch.len();
         self.since.get_or_insert(now);

@@ -5,16 +5,21 @@
 //! It is not a query engine (that is `weft-query`) and knows nothing of OTLP (that is
 //! `weft-ingest`): it stores [`model::SpanRecord`]s and hands back spans, columns and bitmaps.
 
+pub mod background;
 pub mod block;
 mod cache;
+pub mod clock;
 pub mod codec;
 pub mod error;
 pub mod head;
 pub mod keys;
 pub mod model;
+pub mod retention;
 pub mod schema;
 pub mod store;
+pub mod summary;
 pub mod terms;
 
+pub use background::{Background, TaskStats};
 pub use error::{Result, StorageError};
 pub use store::{AppendOutcome, Store, StoreOptions, StoreStats};

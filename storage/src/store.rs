@@ -7,9 +7,10 @@
 //! batches it came from in one atomic write batch, so every row lives in exactly one place.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,16 +25,20 @@ use crate::block::format::{decode_postings, decode_traces, encode_traces};
 use crate::block::reader::{ChunkSource, Postings, Rows, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
 use crate::cache::Bounded;
+use crate::clock::{Clock, SystemClock};
 use crate::codec::{decode_spans, encode_spans};
 use crate::error::{Result, StorageError};
 use crate::head::{Head, HeadSnapshot};
-use crate::keys::{self, BlockAddr};
-use crate::model::{SpanId, SpanRecord, TenantId, TraceId};
+use crate::keys::{self, BlockAddr, Signal};
+use crate::model::{SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
+use crate::retention::Retention;
 use crate::terms::{self, TermFilter};
 
 const CF_HEAD: &str = "head";
 const CF_META: &str = "meta";
 const CF_DATA: &str = "default";
+/// The signal this store's span methods read and write.
+const SPANS: Signal = Signal::Spans;
 
 /// Tuning of the store; every field has a server flag.
 #[derive(Clone, Debug)]
@@ -48,6 +53,12 @@ pub struct StoreOptions {
     pub window: Duration,
     /// RocksDB block cache size.
     pub cache_bytes: usize,
+    /// How long rows are kept, per tenant and signal.
+    pub retention: Retention,
+    /// The wall clock (retention cutoffs).
+    pub clock: Arc<dyn Clock>,
+    /// A window that received no block for this long has all its small blocks merged.
+    pub merge_idle: Duration,
 }
 
 impl Default for StoreOptions {
@@ -58,6 +69,9 @@ impl Default for StoreOptions {
             max_pending_rows: 524_288,
             window: Duration::from_secs(3600),
             cache_bytes: 128 << 20,
+            retention: Retention::default(),
+            clock: Arc::new(SystemClock),
+            merge_idle: Duration::from_secs(60),
         }
     }
 }
@@ -75,11 +89,81 @@ pub struct StoreStats {
     pub blocks_written: AtomicU64,
     pub block_bytes_written: AtomicU64,
     pub rows_flushed: AtomicU64,
+    /// Blocks retired because their window fell out of retention.
+    pub blocks_expired: AtomicU64,
+    /// Blocks merged into larger ones.
+    pub blocks_merged: AtomicU64,
+    /// Merges done (each writes one or more blocks in place of several).
+    pub merges: AtomicU64,
+    /// Retired blocks (merged or expired) whose data was deleted.
+    pub blocks_deleted: AtomicU64,
+    /// Counters of the background tasks, by name.
+    tasks: Mutex<BTreeMap<&'static str, Arc<crate::background::TaskStats>>>,
+}
+
+impl StoreStats {
+    /// The counters of a background task (made on first use).
+    pub fn task(&self, name: &'static str) -> Arc<crate::background::TaskStats> {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.entry(name).or_default().clone()
+    }
+
+    /// Every background task's counters, by name.
+    pub fn tasks(&self) -> Vec<(&'static str, Arc<crate::background::TaskStats>)> {
+        let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.iter().map(|(n, s)| (*n, s.clone())).collect()
+    }
+}
+
+/// A write-ahead write under way. A span it reserved is not yet durable: a request that
+/// carries the same span (a client's early retry) waits for this write and is answered only
+/// once it is synced, or writes the span itself when this write failed.
+#[derive(Default)]
+struct InFlight {
+    outcome: Mutex<Option<bool>>,
+    finished: Condvar,
+}
+
+impl InFlight {
+    fn finish(&self, durable: bool) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(durable);
+        self.finished.notify_all();
+    }
+
+    /// Whether the write made its spans durable, once it is over.
+    fn wait(&self) -> bool {
+        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(durable) = *outcome {
+                return durable;
+            }
+            outcome = self
+                .finished
+                .wait(outcome)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+type SpanKey = (TraceId, SpanId);
+
+/// What a request's spans are, against what the tenant holds: new ones it reserved (and must
+/// write), ones another request is writing (to wait for), and ones already durable.
+struct Reserved {
+    fresh: Vec<SpanRecord>,
+    waits: Vec<(Arc<InFlight>, Vec<SpanRecord>)>,
+    seq: u64,
 }
 
 #[derive(Default)]
 struct TenantState {
     head: Head,
+    /// Spans reserved by write-ahead writes under way, each with its write.
+    in_flight: rustc_hash::FxHashMap<SpanKey, Arc<InFlight>>,
+    /// Rows replayed from the write-ahead at open and not flushed since: they do not count
+    /// against `max_pending_rows`, so that a restart near the limit does not refuse every
+    /// write until they are flushed (they are due at once).
+    replayed: usize,
     /// The head being turned into blocks: still readable until its blocks are visible.
     frozen: Option<Arc<Head>>,
     /// Span identities of the last flushed head, so a retry arriving just after a flush is
@@ -87,6 +171,9 @@ struct TenantState {
     recent: rustc_hash::FxHashSet<(TraceId, SpanId)>,
     /// Copy-on-write, so a reader's snapshot is one reference count.
     blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
+    /// When each window last received a flushed block (windows still being written are
+    /// merged tier by tier; idle ones whole).
+    last_write: BTreeMap<u64, Instant>,
 }
 
 /// A consistent view of one tenant: the blocks and the unflushed rows as of one instant. A row
@@ -95,12 +182,45 @@ struct TenantState {
 pub struct Snapshot {
     pub blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
     pub head: HeadSnapshot,
+    /// The tenant's retention cutoff when the snapshot was taken: no row starting before it
+    /// may be returned. Blocks wholly older and head rows older are already left out; a block
+    /// that [`Self::straddles`] it must have its rows narrowed ([`Store::live_rows`]).
+    pub cutoff: Option<UnixNanos>,
+}
+
+impl Snapshot {
+    /// Whether some rows of a block are older than the cutoff (and some not).
+    pub fn straddles(&self, meta: &BlockMeta) -> bool {
+        self.cutoff.is_some_and(|c| meta.min_start < c.0)
+    }
 }
 
 impl TenantState {
+    /// Puts a head whose flush failed back in front of the head (its rows are still in the
+    /// write-ahead), so that they stay readable and are flushed again.
+    fn unfreeze(&mut self, head: &Head) {
+        let mut restored = Head::default();
+        let now = Instant::now();
+        for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
+            restored.push(key.clone(), batch.clone(), now);
+        }
+        let newer = std::mem::take(&mut self.head);
+        for (key, batch) in newer.wal_keys.into_iter().zip(newer.batches) {
+            restored.push(key, batch, now);
+        }
+        restored.seen = head.seen.union(&newer.seen).copied().collect();
+        self.head = restored;
+        self.frozen = None;
+    }
+
     fn pending_rows(&self) -> usize {
         self.head.rows + self.frozen.as_ref().map_or(0, |f| f.rows)
     }
+    /// Pending rows that count against `max_pending_rows`.
+    fn admitted_rows(&self) -> usize {
+        self.pending_rows().saturating_sub(self.replayed)
+    }
+    /// Whether a span is durable in the head, the head being flushed or the last flushed one.
     fn is_known(&self, key: &(TraceId, SpanId)) -> bool {
         self.head.seen.contains(key)
             || self.recent.contains(key)
@@ -111,6 +231,8 @@ impl TenantState {
 #[derive(Default)]
 struct State {
     tenants: HashMap<TenantId, TenantState>,
+    /// Blocks out of retention, deleted once no reader holds them.
+    retired: Vec<retire::Retired>,
     next_seq: u64,
     next_block: u64,
 }
@@ -121,6 +243,8 @@ pub struct Store {
     opts: StoreOptions,
     state: Mutex<State>,
     flush_lock: Mutex<()>,
+    /// Merging and retention, one at a time (both retire blocks).
+    maintenance: Mutex<()>,
     sync: WriteOptions,
     closed: AtomicBool,
     /// Parsed footers of column chunks, by chunk key.
@@ -135,7 +259,17 @@ pub struct Store {
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
     pub stats: StoreStats,
+    #[cfg(test)]
+    test_write_hook: Mutex<Option<WriteHook>>,
+    #[cfg(test)]
+    test_flush_hook: Mutex<Option<FlushHook>>,
 }
+
+#[cfg(test)]
+type FlushHook = Arc<dyn Fn(&TenantId) + Send + Sync>;
+
+#[cfg(test)]
+type WriteHook = Arc<dyn Fn(&[SpanRecord]) -> Result<()> + Send + Sync>;
 
 /// Column-chunk footers kept in memory (a few KiB each).
 const FOOTER_CACHE_ENTRIES: usize = 16_384;
@@ -181,7 +315,7 @@ impl Store {
         let mut data = Options::default();
         data.set_block_based_table_factory(&table);
         data.set_prefix_extractor(SliceTransform::create(
-            "weft.trace_id.v1",
+            "weft.trace_id.v2",
             trace_prefix,
             Some(in_trace_domain),
         ));
@@ -202,6 +336,7 @@ impl Store {
             opts,
             state: Mutex::new(State::default()),
             flush_lock: Mutex::new(()),
+            maintenance: Mutex::new(()),
             sync,
             closed: AtomicBool::new(false),
             footers: Bounded::new(FOOTER_CACHE_ENTRIES),
@@ -210,6 +345,10 @@ impl Store {
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
+            #[cfg(test)]
+            test_write_hook: Mutex::new(None),
+            #[cfg(test)]
+            test_flush_hook: Mutex::new(None),
         };
         store.recover()?;
         Ok(store)
@@ -233,13 +372,59 @@ impl Store {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Checks the store's format version, writing it when the store is new. A store of
+    /// another key layout is refused (there is no migration from the layout before signals).
+    fn check_format(&self) -> Result<()> {
+        let meta = self.cf(CF_META);
+        match self.db.get_cf(meta, keys::FORMAT)? {
+            Some(v) => match v.first() {
+                Some(&found) if found == keys::KEY_VERSION => Ok(()),
+                found => Err(StorageError::UnsupportedVersion {
+                    what: "store key layout",
+                    found: found.copied().unwrap_or(0),
+                    supported: keys::KEY_VERSION,
+                }),
+            },
+            None => {
+                let empty = [CF_META, CF_HEAD, CF_DATA].iter().all(|cf| {
+                    self.db
+                        .iterator_cf(self.cf(cf), IteratorMode::Start)
+                        .next()
+                        .is_none()
+                });
+                if !empty {
+                    return Err(StorageError::UnsupportedVersion {
+                        what: "store key layout (a store written before signals)",
+                        found: 1,
+                        supported: keys::KEY_VERSION,
+                    });
+                }
+                Ok(self
+                    .db
+                    .put_cf_opt(meta, keys::FORMAT, [keys::KEY_VERSION], &self.sync)?)
+            }
+        }
+    }
+
     /// Loads block metas and replays the write-ahead head.
     fn recover(&self) -> Result<()> {
+        self.check_format()?;
         let mut state = self.lock();
+        let mut graves = Vec::new();
         for item in self.db.iterator_cf(self.cf(CF_META), IteratorMode::Start) {
             let (key, value) = item?;
-            let (tenant, _, rest) = keys::split(&key)
-                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            if *key == *keys::FORMAT {
+                continue;
+            }
+            if keys::split(&key).is_some_and(|p| p.kind == keys::GRAVE) {
+                let (tenant, rest) = spans_key(&key, "grave key")?;
+                let addr = keys::read_addr(rest)
+                    .ok_or_else(|| StorageError::corrupt("grave key", hex::encode(&key)))?;
+                state.next_block = state.next_block.max(addr.block + 1);
+                graves.push((TenantId::new(tenant)?, addr));
+                continue;
+            }
+            let (tenant, rest) = spans_key(&key, "meta key")?;
             let addr = keys::read_addr(rest)
                 .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
             let tenant = TenantId::new(tenant)?;
@@ -250,8 +435,7 @@ impl Store {
         let now = Instant::now();
         for item in self.db.iterator_cf(self.cf(CF_HEAD), IteratorMode::Start) {
             let (key, value) = item?;
-            let (tenant, _, rest) = keys::split(&key)
-                .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
+            let (tenant, rest) = spans_key(&key, "head key")?;
             let seq = keys::read_u64(rest)
                 .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
             let spans = decode_spans(&value)?;
@@ -262,74 +446,169 @@ impl Store {
             t.head.push(key.to_vec(), Arc::new(spans), now);
             state.next_seq = state.next_seq.max(seq + 1);
         }
+        let due = now.checked_sub(self.opts.flush_age).unwrap_or(now);
+        for t in state.tenants.values_mut() {
+            t.replayed = t.head.rows;
+            if t.replayed > 0 {
+                t.head.since = Some(due);
+            }
+        }
         let replayed: usize = state.tenants.values().map(|t| t.head.rows).sum();
         let blocks: usize = state.tenants.values().map(|t| t.blocks.len()).sum();
-        tracing::info!(replayed_rows = replayed, blocks, "store recovered");
+        drop(state);
+        if !graves.is_empty() {
+            // blocks merged or expired before the process stopped, their data not yet deleted
+            self.delete_blocks(&graves)?;
+        }
+        tracing::info!(
+            replayed_rows = replayed,
+            blocks,
+            graves = graves.len(),
+            "store recovered"
+        );
         Ok(())
     }
 
     /// Makes spans durable and visible; returns once they are synced to the write-ahead log.
-    /// Spans already held (a client's retry) are skipped and counted as duplicates.
+    /// Spans already durable (a client's retry) are skipped and counted as duplicates; spans
+    /// that another request is writing right now are waited for, so that the answer is given
+    /// only once every span of the request is durable, whichever request wrote it.
     pub fn append(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<AppendOutcome> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StorageError::ShuttingDown);
         }
         let total = spans.len();
-        let stored = self.stored_span_ids(tenant, &spans)?;
-        let (seq, fresh) = {
-            let mut state = self.lock();
-            let t = state.tenants.entry(tenant.clone()).or_default();
-            let pending = t.pending_rows();
-            if pending + total > self.opts.max_pending_rows && pending > 0 {
-                self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
-                return Err(StorageError::Overloaded {
-                    pending_rows: pending,
-                    retry_after_ms: 1000,
-                });
+        let mut stored = 0;
+        let mut spans = spans;
+        loop {
+            let reserved = self.reserve(tenant, spans)?;
+            stored += reserved.fresh.len();
+            if !reserved.fresh.is_empty() {
+                self.write_ahead(tenant, reserved.seq, reserved.fresh)?;
             }
-            let mut fresh = Vec::with_capacity(total);
-            for span in spans {
-                let id = (span.trace_id, span.span_id);
-                if !stored.contains(&id) && !t.is_known(&id) && t.head.seen.insert(id) {
-                    fresh.push(span);
-                }
+            // a write that failed left its spans unreserved: this request writes them
+            spans = reserved
+                .waits
+                .into_iter()
+                .filter(|(write, _)| !write.wait())
+                .flat_map(|(_, spans)| spans)
+                .collect();
+            if spans.is_empty() {
+                break;
             }
-            let seq = state.next_seq;
-            state.next_seq += 1;
-            (seq, fresh)
-        };
+        }
         let outcome = AppendOutcome {
-            stored: fresh.len(),
-            duplicates: total - fresh.len(),
+            stored,
+            duplicates: total - stored,
         };
         self.stats
             .rows_deduplicated
             .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
-        if fresh.is_empty() {
-            return Ok(outcome);
+        Ok(outcome)
+    }
+
+    /// Sorts a request's spans into new (reserved for this request's write), being written by
+    /// another request, and durable already; refuses when the tenant's head is full.
+    fn reserve(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<Reserved> {
+        let total = spans.len();
+        let stored = self.stored_span_ids(tenant, &spans)?;
+        let mut state = self.lock();
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let t = state.tenants.entry(tenant.clone()).or_default();
+        let pending = t.admitted_rows();
+        if pending + total > self.opts.max_pending_rows && pending > 0 {
+            self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StorageError::Overloaded {
+                pending_rows: pending,
+                retry_after_ms: 1000,
+            });
         }
-        let key = keys::head(tenant, seq);
+        let mine = Arc::new(InFlight::default());
+        let mut reserved = Reserved {
+            fresh: Vec::with_capacity(total),
+            waits: Vec::new(),
+            seq,
+        };
+        for span in spans {
+            let id = (span.trace_id, span.span_id);
+            if stored.contains(&id) || t.is_known(&id) {
+                continue;
+            }
+            match t.in_flight.entry(id) {
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(mine.clone());
+                    reserved.fresh.push(span);
+                }
+                // twice in this request: its first copy is written with the rest
+                std::collections::hash_map::Entry::Occupied(w) if Arc::ptr_eq(w.get(), &mine) => {}
+                std::collections::hash_map::Entry::Occupied(w) => {
+                    let write = w.get();
+                    match reserved
+                        .waits
+                        .iter_mut()
+                        .find(|(x, _)| Arc::ptr_eq(x, write))
+                    {
+                        Some((_, spans)) => spans.push(span),
+                        None => reserved.waits.push((write.clone(), vec![span])),
+                    }
+                }
+            }
+        }
+        if reserved.fresh.is_empty() {
+            mine.finish(true);
+        }
+        Ok(reserved)
+    }
+
+    /// Writes reserved spans to the write-ahead head (synced), then makes them visible and
+    /// releases their reservation, waking the requests that wait for them.
+    fn write_ahead(&self, tenant: &TenantId, seq: u64, fresh: Vec<SpanRecord>) -> Result<()> {
+        let key = keys::head(tenant, SPANS, seq);
         let started = Instant::now();
-        let written = self
-            .db
-            .put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync);
+        let written = self.write_hook(&fresh).and_then(|()| {
+            Ok(self
+                .db
+                .put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync)?)
+        });
         self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .wal_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut state = self.lock();
         let t = state.tenants.entry(tenant.clone()).or_default();
-        if let Err(e) = written {
-            for s in &fresh {
-                t.head.seen.remove(&(s.trace_id, s.span_id));
+        let mut write = None;
+        for s in &fresh {
+            let id = (s.trace_id, s.span_id);
+            if written.is_ok() {
+                t.head.seen.insert(id);
             }
-            return Err(e.into());
+            write = t.in_flight.remove(&id).or(write);
         }
-        self.stats
-            .rows_appended
-            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
-        t.head.push(key, Arc::new(fresh), Instant::now());
-        Ok(outcome)
+        let durable = written.is_ok();
+        if durable {
+            self.stats
+                .rows_appended
+                .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+            t.head.push(key, Arc::new(fresh), Instant::now());
+        }
+        drop(state);
+        if let Some(write) = write {
+            write.finish(durable);
+        }
+        written
+    }
+
+    #[cfg(not(test))]
+    fn write_hook(&self, _: &[SpanRecord]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tests make a write-ahead write wait or fail here.
+    #[cfg(test)]
+    fn write_hook(&self, spans: &[SpanRecord]) -> Result<()> {
+        let hook = self.test_write_hook.lock().unwrap().clone();
+        hook.map_or(Ok(()), |h| h(spans))
     }
 
     /// Identities of the given spans that blocks already hold (a retry of a batch that was
@@ -392,36 +671,42 @@ impl Store {
                 .collect()
         };
         let mut blocks = 0;
+        let mut first_error = None;
+        // every frozen head is either turned into blocks or put back in front of its tenant's
+        // head, whatever happens to another tenant's flush (an error or a panic)
         for (tenant, head) in frozen {
-            let result = self.flush_head(&tenant, &head);
+            let result = catch_unwind(AssertUnwindSafe(|| self.flush_head(&tenant, &head)))
+                .unwrap_or_else(|panic| {
+                    Err(StorageError::Panicked {
+                        what: format!("flush of tenant {tenant}"),
+                        message: crate::background::panic_message(&panic),
+                    })
+                });
             let mut state = self.lock();
             let t = state.tenants.entry(tenant.clone()).or_default();
             match result {
                 Ok(written) => {
                     blocks += written.len();
+                    let now = Instant::now();
+                    t.last_write
+                        .retain(|_, at| at.elapsed() < 2 * self.opts.merge_idle);
+                    for (addr, _) in &written {
+                        t.last_write.insert(addr.window, now);
+                    }
                     Arc::make_mut(&mut t.blocks).extend(written);
                     t.recent = head.seen.clone();
                     t.frozen = None;
+                    // the first head flushed after open held every replayed row
+                    t.replayed = 0;
                 }
                 Err(e) => {
-                    // Put the rows back in front of the head; they are still in the write-ahead.
-                    let mut restored = Head::default();
-                    let now = Instant::now();
-                    for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
-                        restored.push(key.clone(), batch.clone(), now);
-                    }
-                    let newer = std::mem::take(&mut t.head);
-                    for (key, batch) in newer.wal_keys.into_iter().zip(newer.batches) {
-                        restored.push(key, batch, now);
-                    }
-                    restored.seen = head.seen.union(&newer.seen).copied().collect();
-                    t.head = restored;
-                    t.frozen = None;
-                    return Err(e);
+                    tracing::error!(tenant = %tenant, error = %e, rows = head.rows, "flush failed; the rows stay in the write-ahead head");
+                    t.unfreeze(&head);
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        Ok(blocks)
+        first_error.map_or(Ok(blocks), Err)
     }
 
     fn flush_head(
@@ -429,6 +714,13 @@ impl Store {
         tenant: &TenantId,
         head: &Head,
     ) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
+        #[cfg(test)]
+        {
+            let hook = self.test_flush_hook.lock().unwrap().clone();
+            if let Some(hook) = hook {
+                hook(tenant);
+            }
+        }
         let started = Instant::now();
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
         let mut by_window: BTreeMap<u64, Vec<&SpanRecord>> = BTreeMap::new();
@@ -441,12 +733,10 @@ impl Store {
         let mut rows = 0u64;
         for (window, spans) in by_window {
             for part in split_at_traces(spans, self.opts.flush_rows) {
-                let block = {
-                    let mut state = self.lock();
-                    state.next_block += 1;
-                    state.next_block - 1
+                let addr = BlockAddr {
+                    window,
+                    block: self.next_block_id(),
                 };
-                let addr = BlockAddr { window, block };
                 rows += part.len() as u64;
                 let built = build_block(part)?;
                 self.stage_block(&mut batch, tenant, addr, &built)?;
@@ -472,6 +762,12 @@ impl Store {
         Ok(written)
     }
 
+    fn next_block_id(&self) -> u64 {
+        let mut state = self.lock();
+        state.next_block += 1;
+        state.next_block - 1
+    }
+
     fn stage_block(
         &self,
         batch: &mut WriteBatch,
@@ -481,23 +777,23 @@ impl Store {
     ) -> Result<()> {
         let data = self.cf(CF_DATA);
         for (column, bytes) in &built.chunks {
-            batch.put_cf(data, keys::chunk(tenant, addr, column), bytes);
+            batch.put_cf(data, keys::chunk(tenant, SPANS, addr, column), bytes);
         }
         for (dim, bytes) in &built.postings {
-            batch.put_cf(data, keys::postings(tenant, addr, dim), bytes);
+            batch.put_cf(data, keys::postings(tenant, SPANS, addr, dim), bytes);
         }
         batch.put_cf(
             data,
-            keys::block_key(tenant, keys::TRACES, addr),
+            keys::block_key(tenant, SPANS, keys::TRACES, addr),
             encode_traces(&built.traces),
         );
         for entry in &built.traces {
-            let key = keys::trace_id(tenant, &entry.trace_id, addr);
+            let key = keys::trace_id(tenant, SPANS, &entry.trace_id, addr);
             batch.put_cf(data, key, encode_traces(std::slice::from_ref(entry)));
         }
         batch.put_cf(
             self.cf(CF_META),
-            keys::block_key(tenant, keys::META, addr),
+            keys::block_key(tenant, SPANS, keys::META, addr),
             built.meta.encode(),
         );
         Ok(())
@@ -523,8 +819,9 @@ impl Store {
             let reader = self.block_reader(tenant, addr, meta);
             spans.extend(reader.spans(&Rows::Range(entry.row_start, entry.rows), true)?);
         }
+        let cutoff = self.cutoff(tenant, SPANS).unwrap_or_default();
         let mut seen = HashSet::new();
-        spans.retain(|s| seen.insert(s.span_id));
+        spans.retain(|s| s.start >= cutoff && seen.insert(s.span_id));
         spans.sort_by_key(|s| (s.start, s.span_id));
         Ok(spans)
     }
@@ -549,7 +846,7 @@ impl Store {
         tenant: &TenantId,
         trace: &TraceId,
     ) -> Result<Vec<(BlockAddr, TraceEntry)>> {
-        let prefix = keys::trace_id_prefix(tenant, trace);
+        let prefix = keys::trace_id_prefix(tenant, SPANS, trace);
         let mut out = Vec::new();
         for item in self.db.prefix_iterator_cf(self.cf(CF_DATA), &prefix) {
             let (key, value) = item?;
@@ -579,18 +876,85 @@ impl Store {
     /// The blocks and the unflushed rows (head and the head being flushed) of a tenant, as of
     /// one instant. Queries that read both go through one snapshot, so no row shows twice.
     pub fn snapshot(&self, tenant: &TenantId) -> Snapshot {
-        let state = self.lock();
-        let Some(t) = state.tenants.get(tenant) else {
-            return Snapshot::default();
+        let cutoff = self.cutoff(tenant, SPANS);
+        let (blocks, mut head, head_min) = {
+            let state = self.lock();
+            let Some(t) = state.tenants.get(tenant) else {
+                return Snapshot {
+                    cutoff,
+                    ..Default::default()
+                };
+            };
+            let mut batches = t.head.batches.clone();
+            let mut head_min = t.head.min_start;
+            if let Some(f) = &t.frozen {
+                batches.extend(f.batches.iter().cloned());
+                head_min = head_min.min(f.min_start);
+            }
+            (t.blocks.clone(), HeadSnapshot { batches }, head_min)
         };
-        let mut batches = t.head.batches.clone();
-        if let Some(f) = &t.frozen {
-            batches.extend(f.batches.iter().cloned());
+        let Some(c) = cutoff else {
+            return Snapshot {
+                blocks,
+                head,
+                cutoff,
+            };
+        };
+        let blocks = if blocks.values().any(|m| m.max_start < c.0) {
+            Arc::new(
+                blocks
+                    .iter()
+                    .filter(|(_, m)| m.max_start >= c.0)
+                    .map(|(a, m)| (*a, m.clone()))
+                    .collect(),
+            )
+        } else {
+            blocks
+        };
+        if head_min < c.0 {
+            head.batches = head
+                .batches
+                .into_iter()
+                .map(|b| Arc::new(b.iter().filter(|s| s.start >= c).cloned().collect()))
+                .collect();
         }
         Snapshot {
-            blocks: t.blocks.clone(),
-            head: HeadSnapshot { batches },
+            blocks,
+            head,
+            cutoff,
         }
+    }
+
+    /// The oldest start time a read of a tenant's signal may return now; `None` when the
+    /// tenant keeps everything.
+    pub fn cutoff(&self, tenant: &TenantId, signal: Signal) -> Option<UnixNanos> {
+        self.opts
+            .retention
+            .cutoff(tenant, signal, self.opts.clock.now())
+    }
+
+    /// The rows of a block that a snapshot may return: `None` when all of them (the block does
+    /// not straddle the retention cutoff), else those starting at or after it.
+    pub fn live_rows(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+    ) -> Result<Option<RoaringBitmap>> {
+        let Some(cutoff) = snapshot.cutoff.filter(|_| snapshot.straddles(meta)) else {
+            return Ok(None);
+        };
+        let starts = self
+            .block_reader(tenant, addr, meta)
+            .ints(crate::block::writer::col::START, &Rows::All)?;
+        Ok(Some(
+            (0..meta.rows)
+                .zip(starts)
+                .filter(|(_, s)| *s as u64 >= cutoff.0)
+                .map(|(r, _)| r)
+                .collect(),
+        ))
     }
 
     pub fn block_reader<'m>(
@@ -611,7 +975,7 @@ impl Store {
 
     /// The per-trace summaries of a block.
     pub fn block_traces(&self, tenant: &TenantId, addr: BlockAddr) -> Result<Vec<TraceEntry>> {
-        let key = keys::block_key(tenant, keys::TRACES, addr);
+        let key = keys::block_key(tenant, SPANS, keys::TRACES, addr);
         match self.db.get_pinned_cf(self.cf(CF_DATA), key)? {
             Some(v) => decode_traces(&v),
             None => Err(StorageError::corrupt("block", "trace summaries missing")),
@@ -653,7 +1017,7 @@ impl Store {
         addr: BlockAddr,
         dim: &str,
     ) -> Result<Arc<Vec<(String, RoaringBitmap)>>> {
-        let key = keys::postings(tenant, addr, dim);
+        let key = keys::postings(tenant, SPANS, addr, dim);
         if let Some(d) = self.postings.get(&key) {
             return Ok(d);
         }
@@ -677,7 +1041,7 @@ impl Store {
         rows: u32,
         filter: &TermFilter,
     ) -> Result<Arc<RoaringBitmap>> {
-        let mut key = keys::postings(tenant, addr, "");
+        let mut key = keys::postings(tenant, SPANS, addr, "");
         key.extend_from_slice(filter.text());
         if let Some(found) = self.matches.get(&key) {
             return Ok(found);
@@ -747,6 +1111,18 @@ impl Store {
     }
 }
 
+/// The tenant and the rest of a key of the span signal (the only signal this build reads).
+fn spans_key<'k>(key: &'k [u8], what: &'static str) -> Result<(&'k str, &'k [u8])> {
+    match keys::split(key) {
+        Some(p) if p.signal == SPANS => Ok((p.tenant, p.rest)),
+        Some(p) => Err(StorageError::corrupt(
+            what,
+            format!("signal {} has no reader in this build", p.signal.name()),
+        )),
+        None => Err(StorageError::corrupt(what, hex::encode(key))),
+    }
+}
+
 /// Splits sorted-by-nothing rows into parts of at most `max` rows, never splitting a trace
 /// unless a single trace alone exceeds `max`.
 fn split_at_traces(mut rows: Vec<&SpanRecord>, max: usize) -> Vec<Vec<&SpanRecord>> {
@@ -778,16 +1154,16 @@ impl ChunkSource for ChunkFetcher<'_> {
     fn metadata(&self, column: &str) -> Option<ArrowReaderMetadata> {
         self.store
             .footers
-            .get(&keys::chunk(&self.tenant, self.addr, column))
+            .get(&keys::chunk(&self.tenant, SPANS, self.addr, column))
     }
 
     fn remember(&self, column: &str, metadata: &ArrowReaderMetadata) {
-        let key = keys::chunk(&self.tenant, self.addr, column);
+        let key = keys::chunk(&self.tenant, SPANS, self.addr, column);
         self.store.footers.insert(key, 1, metadata.clone());
     }
 
     fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
-        let key = keys::block_key(&self.tenant, keys::TRACES, self.addr);
+        let key = keys::block_key(&self.tenant, SPANS, keys::TRACES, self.addr);
         if let Some(runs) = self.store.trace_runs.get(&key) {
             return Ok(Some(runs));
         }
@@ -806,7 +1182,7 @@ impl ChunkSource for ChunkFetcher<'_> {
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
-        let key = keys::chunk(&self.tenant, self.addr, column);
+        let key = keys::chunk(&self.tenant, SPANS, self.addr, column);
         if let Some(bytes) = self.store.chunks.get(&key) {
             return Ok(Some(bytes));
         }
@@ -826,5 +1202,8 @@ impl ChunkSource for ChunkFetcher<'_> {
     }
 }
 
+mod expire;
+mod merge;
+mod retire;
 #[cfg(test)]
 mod tests;

@@ -180,3 +180,25 @@ def test_tenants_are_databases(weft):
         assert conn.execute("SELECT count(*) FROM spans").fetchone() == (0,)
     with pytest.raises(psycopg.OperationalError, match="not a valid tenant"):
         psycopg.connect(host="127.0.0.1", port=weft.pg_port, dbname="bad tenant!", connect_timeout=5)
+
+
+def test_a_huge_placeholder_number_is_refused_and_the_server_keeps_serving(weft):
+    """A Parse of `$1000000000` once allocated a slot per placeholder number and killed the
+    server; it is refused with PostgreSQL's parameter limit."""
+
+    async def main():
+        conn = await asyncpg.connect(host="127.0.0.1", port=weft.pg_port, database="weft", user="u")
+        for sql in ("SELECT $1000000000::bigint", "SELECT $65536::bigint AS x"):
+            with pytest.raises(asyncpg.PostgresError) as err:
+                await conn.prepare(sql)
+            assert err.value.sqlstate == "54000", err.value
+            assert "at most 65535 parameters" in str(err.value)
+        # the limit itself is allowed; and the connection and the server still answer
+        assert await conn.fetchval("SELECT 1 + 1") == 2
+        await conn.close()
+        other = await asyncpg.connect(host="127.0.0.1", port=weft.pg_port, database="weft", user="u")
+        assert await other.fetchval("SELECT count(*) FROM spans WHERE name = $1", "none") == 0
+        await other.close()
+
+    asyncio.run(main())
+    assert weft.proc.poll() is None, "the server died"

@@ -1,9 +1,13 @@
 """Fills the expected results of the .slt files here by running each query in DuckDB over the
 generator's Parquet export of the same data (an engine independent of Weft's).
 
-Usage: python tests/slt/expected.py data.parquet
+Usage: python tests/slt/expected.py [--check] data.parquet
   (data.parquet from `weft-bench generate --seed 7 --spans 12000 --rate 5 --parquet data.parquet`)
+With --check, nothing is written: it fails (listing the differences) when a file's expected
+results are not what DuckDB answers, so the answers cannot drift (the test command runs it).
 """
+
+import difflib
 
 import pathlib
 import sys
@@ -21,7 +25,7 @@ def text(v) -> str:
     return str(v)
 
 
-def fill(path: pathlib.Path, con) -> None:
+def fill(path: pathlib.Path, con) -> str:
     lines = path.read_text().splitlines()
     out, i = [], 0
     while i < len(lines):
@@ -44,16 +48,32 @@ def fill(path: pathlib.Path, con) -> None:
         rows = con.execute(duck or "\n".join(sql)).fetchall()
         for r in rows:
             out.append(" ".join(text(v) for v in r))
-    path.write_text("\n".join(out) + "\n")
+    return "\n".join(out) + "\n"
 
 
 def main():
+    args = sys.argv[1:]
+    check = "--check" in args
+    parquet = [a for a in args if a != "--check"][0]
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    con.execute(f"CREATE VIEW spans AS SELECT * FROM read_parquet('{sys.argv[1]}')")
+    con.execute(f"CREATE VIEW spans AS SELECT * FROM read_parquet('{parquet}')")
+    stale = False
     for f in sorted(pathlib.Path(__file__).parent.glob("*.slt")):
-        fill(f, con)
-        print(f"filled {f}")
+        want = fill(f, con)
+        if not check:
+            f.write_text(want)
+            print(f"filled {f}")
+        elif want != f.read_text():
+            stale = True
+            diff = difflib.unified_diff(
+                f.read_text().splitlines(), want.splitlines(), str(f), "duckdb", lineterm=""
+            )
+            print("\n".join(diff))
+    if stale:
+        sys.exit(f"expected results differ from DuckDB's: run python {sys.argv[0]} {parquet}")
+    if check:
+        print("sqllogictest answers agree with DuckDB")
 
 
 if __name__ == "__main__":

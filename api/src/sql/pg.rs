@@ -692,6 +692,9 @@ impl QueryParser for Parser {
                     .collect();
                 params.sort_by_key(|(i, _)| *i);
                 let n = params.last().map_or(0, |(i, _)| *i);
+                if n > MAX_PARAMETERS {
+                    return Err(too_many_parameters(n));
+                }
                 let mut by_index = vec![None; n];
                 for (i, t) in params {
                     if i >= 1 {
@@ -734,6 +737,21 @@ impl QueryParser for Parser {
             PgStatement::Command { .. } => Vec::new(),
         })
     }
+}
+
+/// PostgreSQL's own limit on a statement's parameters (a Bind carries their count as an int16):
+/// the statement's parameter slots are allocated up to the highest placeholder number, so a
+/// `$1000000000` must be refused before that allocation.
+const MAX_PARAMETERS: usize = 65_535;
+
+fn too_many_parameters(highest: usize) -> PgWireError {
+    user_error(
+        "ERROR",
+        "54000",
+        format!(
+            "statement uses parameter ${highest}; at most {MAX_PARAMETERS} parameters are allowed"
+        ),
+    )
 }
 
 /// A bound parameter as a DataFusion value of the type the planner wants.

@@ -12,10 +12,13 @@ use super::ExportTraceServiceRequest;
 use crate::pipeline::RejectReason;
 
 /// Limits applied to each span.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct SpanLimits {
     /// Largest accepted attribute value (strings and bytes, summed through arrays and maps).
     pub max_attribute_value_bytes: usize,
+    /// The tenant's retention: spans starting before its cutoff are refused (they would never
+    /// be readable), with the retention named in the message.
+    pub retention: Option<(UnixNanos, std::time::Duration)>,
 }
 
 /// The spans of a request that passed validation, and what happened to the others.
@@ -81,6 +84,17 @@ fn scope(s: Option<InstrumentationScope>, schema_url: String) -> m::Scope {
 
 type Problem = (RejectReason, String);
 
+/// A retention as its configuration would say it (`30d`, `12h`, `90s`).
+fn human_duration(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        s if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s > 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
     let id = TraceId::from_slice(bytes).ok_or_else(|| {
         (
@@ -124,6 +138,17 @@ fn span(
         return Err((
             RejectReason::EndBeforeStart,
             "end_time_unix_nano is before start_time_unix_nano".to_owned(),
+        ));
+    }
+    if let Some((cutoff, kept)) = limits.retention
+        && s.start_time_unix_nano < cutoff.0
+    {
+        return Err((
+            RejectReason::Expired,
+            format!(
+                "start_time_unix_nano is older than the tenant's retention of {}",
+                human_duration(kept)
+            ),
         ));
     }
     let kind = u8::try_from(s.kind)

@@ -438,6 +438,16 @@ impl ScanPlan {
                     None => matching.as_ref().clone(),
                 });
             }
+            // rows older than the tenant's retention are never read, whatever the push-down
+            if let Some(live) = store
+                .live_rows(tenant, snapshot, *addr, meta)
+                .map_err(err)?
+            {
+                selected = Some(match selected {
+                    Some(s) => s & live,
+                    None => live,
+                });
+            }
             let rows = match selected {
                 None => Rows::All,
                 Some(s) if s.is_empty() => {

@@ -20,8 +20,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use weft_storage::Store;
 use weft_storage::block::reader::Rows;
 use weft_storage::block::writer::col;
-use weft_storage::model::{Event, Link, SpanRecord, StatusCode, TenantId, TraceId};
+use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
 use weft_storage::store::Snapshot;
+use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
 use super::columns::{
     SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type, value_text,
@@ -572,13 +573,19 @@ impl TracesTable {
     }
 }
 
+/// Adds one span to its trace's aggregate.
+fn merge_span(aggs: &mut HashMap<TraceId, TraceAgg>, r: &SpanRecord, want_services: bool) {
+    let a = aggs.entry(r.trace_id).or_default();
+    a.summary.add_span(r);
+    if want_services && !a.services.contains(r.service_name()) {
+        a.services.insert(r.service_name().to_owned());
+    }
+}
+
+/// A trace's summary (built as every reader builds it) and, when asked for, its services.
 #[derive(Default)]
 struct TraceAgg {
-    root: Option<(String, String)>,
-    start: u64,
-    end: u64,
-    spans: i64,
-    errors: i64,
+    summary: SummaryBuilder,
     services: BTreeSet<String>,
 }
 
@@ -616,18 +623,27 @@ impl TracesTable {
             } else {
                 None
             };
+            let cutoff = ctx
+                .snapshot
+                .cutoff
+                .filter(|_| ctx.snapshot.straddles(&work.meta));
             for e in entries {
                 if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&e.trace_id)) {
                     continue;
                 }
-                let a = merge(
-                    &mut aggs,
-                    e.trace_id,
-                    e.root.clone(),
-                    (e.min_start, e.max_end),
-                    i64::from(e.rows),
-                    i64::from(e.errors),
-                );
+                if let Some(cutoff) = cutoff.filter(|c| e.min_start < c.0) {
+                    // some of its spans are out of retention: count the ones still kept
+                    let r = ctx.store.block_reader(&ctx.tenant, work.addr, &work.meta);
+                    let kept = r
+                        .spans(&Rows::Range(e.row_start, e.rows), false)
+                        .map_err(storage_err)?;
+                    for span in kept.iter().filter(|s| s.start >= cutoff) {
+                        merge_span(&mut aggs, span, want_services);
+                    }
+                    continue;
+                }
+                let a = aggs.entry(e.trace_id).or_default();
+                a.summary.add_entry(&e);
                 if let Some(s) = &services {
                     let s = s.as_string::<i32>();
                     for row in e.row_start..e.row_start + e.rows {
@@ -642,62 +658,50 @@ impl TracesTable {
             if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&r.trace_id)) {
                 continue;
             }
-            let root = r
-                .parent_span_id
-                .is_none()
-                .then(|| (r.service_name().to_owned(), r.name.clone()));
-            let errors = i64::from(r.status_code == StatusCode::Error);
-            let a = merge(
-                &mut aggs,
-                r.trace_id,
-                root,
-                (r.start.0, r.start.0 + r.duration_ns()),
-                1,
-                errors,
-            );
-            if want_services && !a.services.contains(r.service_name()) {
-                a.services.insert(r.service_name().to_owned());
-            }
+            merge_span(&mut aggs, r, want_services);
         }
-        let mut ids: Vec<_> = aggs.into_iter().collect();
-        ids.sort_by_key(|(id, a)| (std::cmp::Reverse(a.start), *id));
+        let mut ids: Vec<(TraceSummary, BTreeSet<String>)> = aggs
+            .into_iter()
+            .filter_map(|(id, a)| Some((a.summary.finish(id)?, a.services)))
+            .collect();
+        ids.sort_by_key(|(t, _)| (std::cmp::Reverse(t.start), t.trace_id));
         let mut services = ListBuilder::new(StringBuilder::new());
-        for (_, a) in &ids {
-            for s in &a.services {
+        for (_, names) in &ids {
+            for s in names {
                 services.values().append_value(s);
             }
             services.append(true);
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from_iter_values(
-                ids.iter().map(|(id, _)| id.to_hex()),
+                ids.iter().map(|(t, _)| t.trace_id.to_hex()),
             )),
             Arc::new(
                 ids.iter()
-                    .map(|(_, a)| a.root.as_ref().map(|r| r.0.clone()))
+                    .map(|(t, _)| t.root.as_ref().map(|r| r.service.clone()))
                     .collect::<StringArray>(),
             ),
             Arc::new(
                 ids.iter()
-                    .map(|(_, a)| a.root.as_ref().map(|r| r.1.clone()))
+                    .map(|(t, _)| t.root.as_ref().map(|r| r.name.clone()))
                     .collect::<StringArray>(),
             ),
             Arc::new(
-                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(_, a)| a.start as i64))
+                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(t, _)| t.start as i64))
                     .with_timezone("UTC"),
             ),
             Arc::new(
-                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(_, a)| a.end as i64))
+                TimestampNanosecondArray::from_iter_values(ids.iter().map(|(t, _)| t.end as i64))
                     .with_timezone("UTC"),
             ),
             Arc::new(Int64Array::from_iter_values(
-                ids.iter().map(|(_, a)| (a.end - a.start) as i64),
+                ids.iter().map(|(t, _)| t.duration_ns() as i64),
             )),
             Arc::new(Int64Array::from_iter_values(
-                ids.iter().map(|(_, a)| a.spans),
+                ids.iter().map(|(t, _)| t.spans as i64),
             )),
             Arc::new(Int64Array::from_iter_values(
-                ids.iter().map(|(_, a)| a.errors),
+                ids.iter().map(|(t, _)| t.errors as i64),
             )),
             Arc::new(services.finish()),
         ];
@@ -715,29 +719,6 @@ impl TracesTable {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
-}
-
-/// Adds one block's (or one head row's) view of a trace to its aggregate.
-fn merge(
-    aggs: &mut HashMap<TraceId, TraceAgg>,
-    id: TraceId,
-    root: Option<(String, String)>,
-    (start, end): (u64, u64),
-    spans: i64,
-    errors: i64,
-) -> &mut TraceAgg {
-    let a = aggs.entry(id).or_insert_with(|| TraceAgg {
-        start: u64::MAX,
-        ..Default::default()
-    });
-    if a.root.is_none() {
-        a.root = root;
-    }
-    a.start = a.start.min(start);
-    a.end = a.end.max(end);
-    a.spans += spans;
-    a.errors += errors;
-    a
 }
 
 #[async_trait]

@@ -162,19 +162,20 @@ struct Fixture {
     tenant: TenantId,
 }
 
+/// An empty store that writes blocks of at most 400 rows.
+fn small_block_store() -> (tempfile::TempDir, Arc<Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        flush_rows: 400,
+        ..Default::default()
+    };
+    let store = Arc::new(Store::open(dir.path(), opts).unwrap());
+    (dir, store)
+}
+
 /// A store with several blocks over several time ranges and rows still in the head.
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(
-        Store::open(
-            dir.path(),
-            StoreOptions {
-                flush_rows: 400,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let (dir, store) = small_block_store();
     let tenant = TenantId::default_tenant();
     let all = spans(7, 300);
     let (flushed, head) = all.split_at(all.len() - 300);
@@ -834,4 +835,112 @@ fn kept_physical_plans_rebuild_their_scans_over_each_snapshot() {
             assert!(!once.is_empty());
         }
     });
+}
+
+/// A span of the summary test: `root` spans have no parent.
+fn summary_span(trace: u8, id: u8, root: bool, name: &str, start: u64) -> SpanRecord {
+    SpanRecord {
+        trace_id: TraceId([trace; 16]),
+        span_id: SpanId([id; 8]),
+        parent_span_id: (!root).then_some(SpanId([0xee; 8])),
+        name: name.into(),
+        start: UnixNanos(BASE + start),
+        end: UnixNanos(BASE + start + 1_000 + u64::from(id)),
+        status_code: if id.is_multiple_of(3) {
+            StatusCode::Error
+        } else {
+            StatusCode::Unset
+        },
+        resource: Arc::new(Resource {
+            attributes: vec![KeyValue::new(
+                "service.name",
+                Value::Str(format!("svc-{id}")),
+            )],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn search_and_the_traces_table_agree_on_every_trace() {
+    let (dir, store) = small_block_store();
+    let tenant = TenantId::default_tenant();
+    // trace 0xa1: two roots, the later one flushed first; 0xa2: no root, split between a block
+    // and the head; 0xa3: two roots starting together (the smaller span id wins)
+    let first = vec![
+        summary_span(0xa1, 1, true, "late-root", 100),
+        summary_span(0xa2, 2, false, "orphan", 10),
+        summary_span(0xa3, 9, true, "tie-9", 40),
+    ];
+    let second = vec![
+        summary_span(0xa1, 3, true, "early-root", 50),
+        summary_span(0xa3, 4, true, "tie-4", 40),
+    ];
+    let head = vec![
+        summary_span(0xa1, 5, false, "child", 20),
+        summary_span(0xa2, 6, false, "orphan-2", 5),
+    ];
+    let generated = spans(11, 120);
+    let (flushed, unflushed) = generated.split_at(generated.len() - 100);
+    for part in [first, second, flushed.to_vec()] {
+        store.append(&tenant, part).unwrap();
+        store.flush(true).unwrap();
+    }
+    store.append(&tenant, head).unwrap();
+    store.append(&tenant, unflushed.to_vec()).unwrap();
+
+    let found = crate::search(
+        &store,
+        &tenant,
+        &crate::SearchRequest {
+            limit: 1000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let from_search: Vec<Vec<String>> = found
+        .traces
+        .iter()
+        .map(|t| {
+            vec![
+                t.trace_id.to_hex(),
+                t.root_service.clone(),
+                t.root_name.clone(),
+                t.start_time.to_string(),
+                t.duration_ns.to_string(),
+                t.span_count.to_string(),
+                t.error_count.to_string(),
+            ]
+        })
+        .collect();
+    let engine = SqlEngine::new(store.clone(), SqlConfig::default());
+    let f = Fixture {
+        _dir: dir,
+        engine,
+        spans: generated,
+        tenant,
+    };
+    let from_sql = block_on(rows(
+        &f,
+        "SELECT trace_id, coalesce(root_service, ''), coalesce(root_name, ''), \
+         CAST(start_time AS BIGINT) AS start_ns, duration_ns, span_count, error_count FROM traces \
+         ORDER BY start_time DESC, trace_id DESC",
+        true,
+    ))
+    .unwrap();
+    assert_eq!(from_search.len(), 123);
+    assert_eq!(from_search, from_sql);
+    let row = |id: u8| {
+        from_sql
+            .iter()
+            .find(|r| r[0] == hex(&[id; 16]))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row(0xa1)[2], "early-root");
+    assert_eq!(row(0xa1)[5], "3");
+    assert_eq!(row(0xa2)[1], "", "no root");
+    assert_eq!(row(0xa2)[3], (BASE + 5).to_string());
+    assert_eq!(row(0xa3)[2], "tie-4");
 }

@@ -14,9 +14,10 @@
 //! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
 //!  ncols:varint (name:str type:u8 kind:u8 transform:u8 bytes:varint)*`.
 //!
-//! **Trace summaries** (key `traces`): `version:u8=1 n:varint` then per trace
+//! **Trace summaries** (key `traces`): `version:u8=2 n:varint` then per trace
 //! `trace:16 row_start:varint rows:varint min_start:varint max_end:varint errors:varint
-//!  has_root:u8 [root_service:str root_name:str]`.
+//!  has_root:u8 [root_service:str root_name:str root_start:varint root_span_id:8]` (the root is
+//!  the trace's earliest root span in the block, ties by span id).
 //!
 //! **Postings** (key `postings`, one per dimension): `version:u8=1 n:varint` then per term
 //! `term:str bitmap:bytes` where bitmap is a portable roaring serialisation of row numbers.
@@ -39,11 +40,12 @@ use roaring::RoaringBitmap;
 
 use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
-use crate::model::TraceId;
+use crate::model::{SpanId, TraceId};
 use crate::schema::ColumnType;
+use crate::summary::TraceRoot;
 
 pub const META_VERSION: u8 = 1;
-pub const TRACES_VERSION: u8 = 1;
+pub const TRACES_VERSION: u8 = 2;
 pub const POSTINGS_VERSION: u8 = 1;
 /// Rows per Parquet page: the unit a point read decodes.
 pub const PAGE_ROWS: usize = 4096;
@@ -208,8 +210,8 @@ pub struct TraceEntry {
     pub min_start: u64,
     pub max_end: u64,
     pub errors: u32,
-    /// (service, name) of the root span, when the root is in this block.
-    pub root: Option<(String, String)>,
+    /// The earliest root span of the trace in this block, if any.
+    pub root: Option<TraceRoot>,
 }
 
 pub fn encode_traces(entries: &[TraceEntry]) -> Vec<u8> {
@@ -224,10 +226,12 @@ pub fn encode_traces(entries: &[TraceEntry]) -> Vec<u8> {
         w.u64(e.max_end);
         w.u64(e.errors.into());
         match &e.root {
-            Some((service, name)) => {
+            Some(root) => {
                 w.buf.push(1);
-                w.str(service);
-                w.str(name);
+                w.str(&root.service);
+                w.str(&root.name);
+                w.u64(root.start);
+                w.raw(&root.span_id.0);
             }
             None => w.buf.push(0),
         }
@@ -251,7 +255,12 @@ pub fn decode_traces(buf: &[u8]) -> Result<Vec<TraceEntry>> {
             errors: r.u32()?,
             root: match r.u8()? {
                 0 => None,
-                _ => Some((r.string()?, r.string()?)),
+                _ => Some(TraceRoot {
+                    service: r.string()?,
+                    name: r.string()?,
+                    start: r.u64()?,
+                    span_id: SpanId(r.raw(8)?.try_into().expect("8 bytes")),
+                }),
             },
         });
     }
@@ -499,7 +508,12 @@ mod tests {
             min_start: 1,
             max_end: 9,
             errors: 1,
-            root: Some(("svc".into(), "GET /".into())),
+            root: Some(TraceRoot {
+                start: 2,
+                span_id: SpanId([3; 8]),
+                service: "svc".into(),
+                name: "GET /".into(),
+            }),
         }];
         assert_eq!(decode_traces(&encode_traces(&traces)).unwrap(), traces);
         let postings = vec![("v1".to_string(), RoaringBitmap::from_iter([1u32, 5, 9]))];

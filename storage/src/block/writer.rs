@@ -22,6 +22,7 @@ use crate::schema::{
     ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, TRACE_DIM_PREFIX, dedicated_for,
     is_long,
 };
+use crate::summary::TraceRoot;
 
 /// Names of the columns every block has.
 pub mod col {
@@ -501,8 +502,14 @@ fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
         e.min_start = e.min_start.min(span.start.0);
         e.max_end = e.max_end.max(span.end.0);
         e.errors += u32::from(span.status_code == StatusCode::Error);
+        // rows are sorted by (trace, start, span id): the first root is the earliest
         if span.parent_span_id.is_none() && e.root.is_none() {
-            e.root = Some((span.service_name().to_owned(), span.name.clone()));
+            e.root = Some(TraceRoot {
+                start: span.start.0,
+                span_id: span.span_id,
+                service: span.service_name().to_owned(),
+                name: span.name.clone(),
+            });
         }
     }
     out

@@ -484,3 +484,527 @@ fn indexed_strings_read_from_postings_match_their_chunk() {
             .is_none()
     );
 }
+
+#[test]
+fn a_retry_of_spans_being_written_is_answered_only_once_they_are_durable() {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let t = tenant("a");
+    let spans = random_traces(21, 3);
+    let (entered_tx, entered) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let entered_tx = Mutex::new(entered_tx);
+    let release_rx = Mutex::new(release_rx);
+    let calls = AtomicUsize::new(0);
+    {
+        let store = Arc::new(Store::open(dir.path(), small_opts()).unwrap());
+        // the first write-ahead write (the first sender's) waits, then fails as a full disk would
+        *store.test_write_hook.lock().unwrap() = Some(Arc::new(move |_: &[SpanRecord]| {
+            if calls.fetch_add(1, Ordering::SeqCst) > 0 {
+                return Ok(());
+            }
+            entered_tx.lock().unwrap().send(()).unwrap();
+            release_rx.lock().unwrap().recv().unwrap();
+            Err(StorageError::corrupt(
+                "injected",
+                "write-ahead write failed",
+            ))
+        }));
+        let first = {
+            let (store, t, spans) = (store.clone(), t.clone(), spans.clone());
+            std::thread::spawn(move || store.append(&t, spans))
+        };
+        entered.recv().unwrap();
+        let retry = {
+            let (store, t, spans) = (store.clone(), t.clone(), spans.clone());
+            std::thread::spawn(move || store.append(&t, spans))
+        };
+        // let the retry find its spans reserved by the first write (it must wait for it)
+        std::thread::sleep(Duration::from_millis(200));
+        release.send(()).unwrap();
+        assert!(first.join().unwrap().is_err(), "the first write failed");
+        let answered = retry.join().unwrap().unwrap();
+        assert_eq!(
+            answered.stored,
+            spans.len(),
+            "the retry wrote what the failed write held"
+        );
+        // dropped without close: what the retry acknowledged must be in the write-ahead head
+    }
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+}
+
+#[test]
+fn concurrent_senders_of_the_same_batches_store_each_span_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), small_opts()).unwrap());
+    let t = tenant("a");
+    let spans = random_traces(22, 40);
+    let senders: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, t, spans) = (store.clone(), t.clone(), spans.clone());
+            std::thread::spawn(move || {
+                for chunk in spans.chunks(37) {
+                    store.append(&t, chunk.to_vec()).unwrap();
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert_eq!(store.pending_rows(), spans.len());
+    store.close().unwrap();
+    let rows: u32 = store.blocks(&t).iter().map(|(_, m)| m.rows).sum();
+    assert_eq!(rows as usize, spans.len());
+}
+
+#[test]
+fn a_restart_near_the_pending_limit_still_takes_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tenant("a");
+    let before = random_traces(23, 4);
+    let after = random_traces(24, 4);
+    assert!(after.len() > 5);
+    let opts = StoreOptions {
+        flush_rows: 1_000_000,
+        max_pending_rows: before.len() + 5,
+        ..Default::default()
+    };
+    {
+        let store = Store::open(dir.path(), opts.clone()).unwrap();
+        store.append(&t, before.clone()).unwrap();
+        // killed: the rows live only in the write-ahead head
+    }
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(store.pending_rows(), before.len());
+    assert!(store.flush_due(), "replayed rows are flushed at once");
+    let outcome = store.append(&t, after.clone()).unwrap();
+    assert_eq!(outcome.stored, after.len());
+}
+
+#[test]
+fn a_failed_flush_of_one_tenant_leaves_every_head_readable_and_flushable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let data: Vec<(TenantId, Vec<SpanRecord>)> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (tenant(n), random_traces(30 + i as u64, 3)))
+        .collect();
+    for (t, spans) in &data {
+        store.append(t, spans.clone()).unwrap();
+    }
+    *store.test_flush_hook.lock().unwrap() = Some(Arc::new(|t: &TenantId| {
+        assert_ne!(t.as_str(), "b", "injected panic in b's flush");
+    }));
+    let err = store.flush(true).unwrap_err();
+    assert!(matches!(err, StorageError::Panicked { .. }), "{err}");
+    assert_eq!(store.pending_rows(), data[1].1.len(), "only b's rows wait");
+    assert!(store.blocks(&tenant("b")).is_empty());
+    for (t, spans) in &data {
+        assert!(!store.blocks(t).is_empty() || t.as_str() == "b");
+        for (id, want) in by_trace(spans) {
+            assert_same(&store.trace(t, &id).unwrap(), &want);
+        }
+    }
+    *store.test_flush_hook.lock().unwrap() = None;
+    store.flush(true).unwrap();
+    assert_eq!(store.pending_rows(), 0);
+    let (b, spans) = &data[1];
+    let rows: u32 = store.blocks(b).iter().map(|(_, m)| m.rows).sum();
+    assert_eq!(rows as usize, spans.len());
+}
+
+#[test]
+fn background_tasks_are_retried_after_failures_and_panics_and_counted() {
+    use crate::background::{Background, Task};
+    use std::sync::atomic::AtomicUsize;
+    static ROUNDS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), small_opts()).unwrap());
+    let flaky = Task {
+        name: "flaky",
+        every: Duration::from_millis(1),
+        round: |_| match ROUNDS.fetch_add(1, Ordering::SeqCst) {
+            0 => Err(StorageError::corrupt("injected", "first round fails")),
+            1 => panic!("second round panics"),
+            _ => Ok(true),
+        },
+    };
+    let background = Background::start(store.clone(), &[flaky]);
+    let stats = store.stats.task("flaky");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stats.runs.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    background.stop();
+    assert_eq!(stats.failures.load(Ordering::SeqCst), 1);
+    assert_eq!(stats.panics.load(Ordering::SeqCst), 1);
+    assert!(
+        stats.runs.load(Ordering::SeqCst) >= 1,
+        "it went on after both"
+    );
+}
+
+#[test]
+fn the_store_flushes_due_heads_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreOptions {
+                flush_age: Duration::from_millis(50),
+                ..small_opts()
+            },
+        )
+        .unwrap(),
+    );
+    let background = store.start_background();
+    store.append(&tenant("a"), random_traces(40, 2)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.pending_rows() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    background.stop();
+    assert_eq!(store.pending_rows(), 0);
+    assert!(store.stats.task("flush").runs.load(Ordering::SeqCst) >= 1);
+}
+
+#[path = "fixture.rs"]
+mod fixture;
+
+fn span_at(trace: u8, id: u64, start: u64) -> SpanRecord {
+    SpanRecord {
+        trace_id: TraceId([trace; 16]),
+        span_id: SpanId((id | 1 << 56).to_be_bytes()),
+        name: "op".into(),
+        start: UnixNanos(start),
+        end: UnixNanos(start + 1_000),
+        ..Default::default()
+    }
+}
+
+/// Keys of a tenant's blocks in a window, in every column family (the format key aside).
+fn keys_in_window(store: &Store, tenant: &TenantId, window: u64) -> usize {
+    let mut n = 0;
+    for cf in [CF_DATA, CF_META, CF_HEAD] {
+        for item in store.db.iterator_cf(store.cf(cf), IteratorMode::Start) {
+            let (key, _) = item.unwrap();
+            let Some(p) = keys::split(&key) else { continue };
+            let rest = if p.kind == keys::TRACE_ID {
+                &p.rest[16..]
+            } else {
+                p.rest
+            };
+            if p.tenant == tenant.as_str()
+                && p.kind != keys::HEAD
+                && keys::read_u64(rest) == Some(window)
+            {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn retention_hides_old_rows_at_once_and_deletes_windows_that_fell_out() {
+    use crate::clock::ManualClock;
+    use crate::retention::{Retention, RetentionRule};
+    const H: u64 = 3_600_000_000_000;
+    let t0 = 1_000 * H; // a window boundary
+    let clock = Arc::new(ManualClock::new(UnixNanos(t0)));
+    let a = tenant("a");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            retention: Retention {
+                tenants: [(
+                    a.clone(),
+                    RetentionRule {
+                        all: Some(Duration::from_secs(2 * 3600)),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            },
+            clock: clock.clone(),
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    // window 0: traces 1 and 2; window 1: trace 6, then trace 3, which the cutoff will
+    // split; window 2: trace 4
+    let mut spans: Vec<SpanRecord> = (0..50).map(|i| span_at(1, i, t0 + i * 1_000_000)).collect();
+    spans.extend((0..50).map(|i| span_at(2, i, t0 + H / 2 + i)));
+    spans.extend((0..10).map(|i| span_at(6, i, t0 + H + 10 + i)));
+    spans.extend((0..10).map(|i| span_at(3, i, t0 + H + H / 2 - 5 + i)));
+    spans.extend((0..10).map(|i| span_at(4, i, t0 + 2 * H + i)));
+    store.append(&a, spans.clone()).unwrap();
+    // another tenant with the same data keeps everything
+    let b = tenant("b");
+    store.append(&b, spans.clone()).unwrap();
+    store.flush(true).unwrap();
+    // rows in the head older than the cutoff are hidden too
+    store.append(&a, vec![span_at(5, 1, t0 + 10)]).unwrap();
+    store.db.flush().unwrap();
+    store.compact();
+    let bytes_before = store.rocksdb_property("rocksdb.live-sst-files-size");
+    // a query that took its snapshot before window 0 fell out
+    let earlier = store.snapshot(&a);
+
+    // 3.5 hours later the cutoff is t0 + 1.5h, inside trace 3
+    let cutoff = t0 + H + H / 2;
+    clock.set(UnixNanos(t0 + 3 * H + H / 2));
+    assert_eq!(store.trace(&a, &TraceId([1; 16])).unwrap().len(), 0);
+    assert_eq!(store.trace(&a, &TraceId([6; 16])).unwrap().len(), 0);
+    assert_eq!(store.trace(&a, &TraceId([5; 16])).unwrap().len(), 0);
+    let straddling = store.trace(&a, &TraceId([3; 16])).unwrap();
+    assert_eq!(straddling.len(), 5, "only the spans at or after the cutoff");
+    assert!(straddling.iter().all(|s| s.start.0 >= cutoff));
+    assert_eq!(store.trace(&b, &TraceId([1; 16])).unwrap().len(), 50);
+    let snap = store.snapshot(&a);
+    assert_eq!(snap.cutoff, Some(UnixNanos(cutoff)));
+    assert!(snap.head.rows().all(|s| s.start.0 >= cutoff));
+    let mut live = 0u64;
+    for (addr, meta) in snap.blocks.iter() {
+        assert!(addr.window > t0, "no block of window 0 is read");
+        live += store
+            .live_rows(&a, &snap, *addr, meta)
+            .unwrap()
+            .map_or(u64::from(meta.rows), |r| r.len());
+    }
+    assert_eq!(live, 15, "trace 3's newer half and trace 4");
+    drop(snap);
+
+    // window 0 ends at t0 + 1h, before the cutoff: it has fallen out, but a reader holds it
+    store.enforce_retention().unwrap();
+    assert!(
+        keys_in_window(&store, &a, t0) > 0,
+        "kept while a reader holds it"
+    );
+    assert_eq!(earlier.blocks.keys().filter(|a| a.window == t0).count(), 1);
+    drop(earlier);
+    assert!(store.enforce_retention().unwrap());
+    assert_eq!(keys_in_window(&store, &a, t0), 0, "window 0 is gone");
+    assert!(keys_in_window(&store, &a, t0 + H) > 0);
+    assert!(keys_in_window(&store, &b, t0) > 0, "b keeps everything");
+    assert!(store.stats.blocks_expired.load(Ordering::Relaxed) >= 1);
+    let bytes_after = store.rocksdb_property("rocksdb.live-sst-files-size");
+    assert!(bytes_after < bytes_before, "{bytes_after} < {bytes_before}");
+    // the straddling trace still reads its newer half; after a restart too
+    assert_eq!(store.trace(&a, &TraceId([3; 16])).unwrap().len(), 5);
+    drop(store);
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            clock,
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    assert!(store.blocks(&a).iter().all(|(addr, _)| addr.window > t0));
+    assert_eq!(store.trace(&b, &TraceId([1; 16])).unwrap().len(), 50);
+}
+
+fn rows_in(store: &Store, t: &TenantId) -> usize {
+    store.blocks(t).iter().map(|(_, m)| m.rows as usize).sum()
+}
+
+#[test]
+fn small_blocks_of_a_window_are_merged_and_every_read_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        merge_idle: Duration::ZERO,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    let t = tenant("a");
+    let spans = random_traces(50, 60);
+    for chunk in spans.chunks(40) {
+        store.append(&t, chunk.to_vec()).unwrap();
+        store.flush(true).unwrap();
+    }
+    let before = store.blocks(&t).len();
+    assert!(before >= 20, "{before} small blocks");
+    let keys_before = store.rocksdb_property("rocksdb.estimate-num-keys");
+    assert!(store.merge_small_blocks().unwrap());
+    let after = store.blocks(&t);
+    let windows: HashSet<u64> = after.iter().map(|(a, _)| a.window).collect();
+    assert!(
+        after.len() <= windows.len() * (spans.len() / 500 + 2),
+        "{} blocks in {} windows",
+        after.len(),
+        windows.len()
+    );
+    assert_eq!(rows_in(&store, &t), spans.len());
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+    // postings of the merged blocks agree with the data
+    let mut v1 = 0;
+    for (addr, _) in &after {
+        v1 += store
+            .postings(&t, *addr, "llm.model_version", "v1")
+            .unwrap()
+            .len();
+    }
+    let want = spans
+        .iter()
+        .filter(|s| s.attribute("llm.model_version") == Some(&Value::Str("v1".into())))
+        .count();
+    assert_eq!(v1 as usize, want);
+    assert_eq!(
+        store.stats.blocks_merged.load(Ordering::Relaxed) as usize,
+        before
+    );
+    assert!(store.stats.blocks_deleted.load(Ordering::Relaxed) as usize >= before);
+    store.db.flush().unwrap();
+    store.compact();
+    assert!(store.rocksdb_property("rocksdb.estimate-num-keys") < keys_before);
+    // nothing more to merge; and the merged store reads the same after a restart
+    assert!(!store.merge_small_blocks().unwrap());
+    drop(store);
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(store.blocks(&t).len(), after.len());
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+}
+
+#[test]
+fn a_window_still_written_merges_one_size_tier_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            merge_idle: Duration::from_secs(3600),
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    let t = tenant("a");
+    let spans = random_traces(51, 12);
+    let chunks: Vec<&[SpanRecord]> = spans.chunks(spans.len().div_ceil(3)).collect();
+    for chunk in &chunks {
+        store.append(&t, chunk.to_vec()).unwrap();
+        store.flush(true).unwrap();
+    }
+    assert_eq!(store.blocks(&t).len(), 3);
+    assert!(!store.merge_small_blocks().unwrap(), "three of a tier wait");
+    store.append(&t, random_traces(52, 2)).unwrap();
+    store.flush(true).unwrap();
+    assert!(store.merge_small_blocks().unwrap(), "four of a tier merge");
+    assert!(store.blocks(&t).len() < 4);
+}
+
+#[test]
+fn merges_under_concurrent_reads_show_each_row_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreOptions {
+                merge_idle: Duration::ZERO,
+                ..small_opts()
+            },
+        )
+        .unwrap(),
+    );
+    let t = tenant("a");
+    let spans = random_traces(53, 40);
+    let expected = by_trace(&spans);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, t, stop, expected) =
+                (store.clone(), t.clone(), stop.clone(), expected.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(Ordering::Acquire) {
+                    for (id, want) in &expected {
+                        let got = store.trace(&t, id).unwrap();
+                        // a trace is read whole or (before its batch is appended) not at all
+                        assert!(got.is_empty() || got.len() == want.len(), "{id:?}");
+                        if !got.is_empty() {
+                            assert_same(&got, want);
+                        }
+                    }
+                    let snap = store.snapshot(&t);
+                    let rows: usize = snap.blocks.values().map(|m| m.rows as usize).sum();
+                    assert!(rows + snap.head.rows().count() <= spans_len(&expected));
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let traces: Vec<&Vec<SpanRecord>> = expected.values().collect();
+    for two in traces.chunks(2) {
+        store
+            .append(&t, two.iter().flat_map(|v| v.iter().cloned()).collect())
+            .unwrap();
+        store.flush(true).unwrap();
+        store.merge_small_blocks().unwrap();
+    }
+    store.merge_small_blocks().unwrap();
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert_eq!(rows_in(&store, &t), spans.len());
+    for (id, want) in &expected {
+        assert_same(&store.trace(&t, id).unwrap(), want);
+    }
+}
+
+fn spans_len(expected: &BTreeMap<TraceId, Vec<SpanRecord>>) -> usize {
+    expected.values().map(Vec::len).sum()
+}
+
+#[test]
+fn blocks_merged_before_a_crash_are_deleted_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        merge_idle: Duration::ZERO,
+        ..small_opts()
+    };
+    let t = tenant("a");
+    let spans = random_traces(54, 20);
+    let merged_blocks;
+    {
+        let store = Store::open(dir.path(), opts.clone()).unwrap();
+        for chunk in spans.chunks(spans.len().div_ceil(5)) {
+            store.append(&t, chunk.to_vec()).unwrap();
+            store.flush(true).unwrap();
+        }
+        let reader = store.snapshot(&t); // holds the old blocks: their data stays
+        store.merge_small_blocks().unwrap();
+        merged_blocks = store.blocks(&t).len();
+        assert_eq!(store.lock().retired.len(), 5);
+        drop(reader);
+        // the process dies before the retention or merge task deletes them
+    }
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(store.blocks(&t).len(), merged_blocks);
+    assert_eq!(rows_in(&store, &t), spans.len());
+    let graves = store
+        .db
+        .iterator_cf(store.cf(CF_META), IteratorMode::Start)
+        .filter(|i| keys::split(&i.as_ref().unwrap().0).is_some_and(|p| p.kind == keys::GRAVE))
+        .count();
+    assert_eq!(
+        graves, 0,
+        "graves are deleted with their blocks' data at open"
+    );
+    for (id, want) in by_trace(&spans) {
+        assert_same(&store.trace(&t, &id).unwrap(), &want);
+    }
+}

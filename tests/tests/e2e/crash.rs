@@ -104,3 +104,100 @@ async fn every_acknowledged_span_survives_sigkill_exactly_once() {
         }
     }
 }
+
+/// Two senders send the same batches (as a client that retries early would), and the server is
+/// killed at random moments over several cycles: each acknowledged span is in `spans` exactly
+/// once afterwards (counted through SQL, which does not de-duplicate). A retry used to be
+/// acknowledged while the first copy was still being written, so a kill between the two lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_cycles() {
+    let cycles: u64 = std::env::var("WEFT_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Weft::start(
+        dir.path(),
+        &["--flush-rows", "3000", "--flush-age", "300ms"],
+    );
+    let otlp = Arc::new(Mutex::new(w.otlp.clone()));
+    let acked: Arc<Mutex<HashSet<Vec<u8>>>> = Default::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _sender in 0..2 {
+        let (acked, otlp, done) = (acked.clone(), otlp.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let c = Client::new();
+            let mut batch = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                // both senders send batch n with the same spans; each keeps retrying its
+                // current batch until it is acknowledged
+                let spans: Vec<_> = (0..200u64)
+                    .map(|i| {
+                        let trace = id16((batch << 4) | (i % 4));
+                        span(&trace, (batch << 16) | i, None, "w", T0 + i, T0 + i + 5)
+                    })
+                    .collect();
+                let body = prost::Message::encode_to_vec(&request("dup-crash", spans.clone()));
+                let url = format!("{}/v1/traces", otlp.lock().unwrap());
+                match c
+                    .post(&url, &[("content-type", "application/x-protobuf")], body)
+                    .await
+                {
+                    Ok(r) if r.status == 200 => {
+                        let mut acked = acked.lock().unwrap();
+                        acked.extend(spans.into_iter().map(|s| s.span_id));
+                        batch += 1;
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        }));
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+    for _ in 0..cycles {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(200 + seed % 1200)).await;
+        w.kill9();
+        w.restart();
+        *otlp.lock().unwrap() = w.otlp.clone();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    done.store(true, std::sync::atomic::Ordering::Release);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 1000,
+        "ingested before the kills: {}",
+        acked.len()
+    );
+
+    let c = Client::new();
+    let r = c
+        .post(
+            &format!("{}/api/v1/sql", w.http),
+            &[("content-type", "application/json")],
+            serde_json::json!({
+                "query": "SELECT span_id, count(*) AS n FROM spans \
+                          WHERE service_name = 'dup-crash' GROUP BY span_id"
+            })
+            .to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let doc = r.json().unwrap();
+    let mut stored = HashMap::new();
+    for row in doc["rows"].as_array().unwrap() {
+        let id = hex::decode(row[0].as_str().unwrap()).unwrap();
+        stored.insert(id, row[1].as_u64().unwrap());
+    }
+    let missing = acked.iter().filter(|id| !stored.contains_key(*id)).count();
+    assert_eq!(missing, 0, "acknowledged spans missing of {}", acked.len());
+    let twice = stored.values().filter(|&&n| n > 1).count();
+    assert_eq!(twice, 0, "spans stored more than once");
+}

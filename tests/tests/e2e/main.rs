@@ -4,5 +4,6 @@ mod common;
 mod crash;
 mod hostile;
 mod ingest;
+mod retention;
 mod search;
 mod sql;

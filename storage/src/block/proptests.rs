@@ -1,0 +1,167 @@
+//! Property tests of the persisted formats against naive models: the head codec round-trips any
+//! spans; a block built from any spans reads back the same spans; its postings hold exactly the
+//! rows a linear scan finds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::collection::vec;
+use proptest::prelude::*;
+use roaring::RoaringBitmap;
+
+use super::format::decode_postings;
+use super::reader::{ChunkSource, Postings, Rows, TraceRuns};
+use super::{BlockReader, build_block};
+use crate::codec::{decode_spans, encode_spans};
+use crate::error::Result;
+use crate::model::*;
+use crate::schema::DIM_NAME;
+
+/// A built block held in memory, read as the store reads one.
+struct Mem {
+    chunks: HashMap<String, Bytes>,
+    postings: HashMap<String, Arc<Postings>>,
+    runs: Arc<TraceRuns>,
+}
+
+impl ChunkSource for Mem {
+    fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
+        Ok(self.chunks.get(column).cloned())
+    }
+    fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
+        Ok(Some(self.runs.clone()))
+    }
+    fn postings(&self, dim: &str) -> Result<Option<Arc<Postings>>> {
+        Ok(Some(self.postings.get(dim).cloned().unwrap_or_default()))
+    }
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        "[a-z]{0,6}".prop_map(Value::Str),
+        any::<i64>().prop_map(Value::Int),
+        (-1e6f64..1e6).prop_map(Value::Double),
+        any::<bool>().prop_map(Value::Bool),
+    ]
+}
+
+fn span() -> impl Strategy<Value = SpanRecord> {
+    (
+        (0u8..4, 1u64..u64::MAX, any::<bool>()),
+        (0usize..3, 0u64..10_000_000_000, 0u64..2_000_000_000),
+        (
+            proptest::option::of(prop_oneof![Just("v1"), Just("v2")]),
+            proptest::option::of(0i64..500),
+            vec(("[a-c]{1,2}", value()), 0..3),
+        ),
+    )
+        .prop_map(
+            |((trace, id, root), (name, start, duration), (version, token, extra))| {
+                let mut attributes: Vec<KeyValue> = extra
+                    .into_iter()
+                    .map(|(k, v)| KeyValue::new(format!("x.{k}"), v))
+                    .collect();
+                attributes.dedup_by(|a, b| a.key == b.key);
+                if let Some(v) = version {
+                    attributes.push(KeyValue::new("llm.model_version", Value::Str(v.into())));
+                }
+                if let Some(t) = token {
+                    attributes.push(KeyValue::new("llm.token.index", Value::Int(t)));
+                }
+                SpanRecord {
+                    trace_id: TraceId([trace + 1; 16]),
+                    span_id: SpanId(id.to_be_bytes()),
+                    parent_span_id: (!root).then_some(SpanId([7; 8])),
+                    name: ["llm.generate", "llm.decode.token", "tokenize"][name].into(),
+                    start: UnixNanos(1_700_000_000_000_000_000 + start),
+                    end: UnixNanos(1_700_000_000_000_000_000 + start + duration),
+                    attributes,
+                    ..Default::default()
+                }
+            },
+        )
+}
+
+/// Distinct spans in block order (trace, start, span id).
+fn block_order(mut spans: Vec<SpanRecord>) -> Vec<SpanRecord> {
+    spans.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
+    spans.dedup_by_key(|s| (s.trace_id, s.span_id));
+    for s in &mut spans {
+        s.attributes.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+    spans
+}
+
+fn memory_block(spans: &[SpanRecord]) -> (super::BlockMeta, Mem) {
+    let built = build_block(spans.iter().collect()).unwrap();
+    let mem = Mem {
+        chunks: built
+            .chunks
+            .into_iter()
+            .map(|(c, b)| (c, Bytes::from(b)))
+            .collect(),
+        postings: built
+            .postings
+            .iter()
+            .map(|(d, b)| (d.clone(), Arc::new(decode_postings(b).unwrap())))
+            .collect(),
+        runs: Arc::new(TraceRuns::new(
+            built
+                .traces
+                .iter()
+                .map(|t| (t.row_start, t.trace_id))
+                .collect(),
+        )),
+    };
+    (built.meta, mem)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn the_head_codec_round_trips_any_spans(spans in vec(span(), 0..40)) {
+        prop_assert_eq!(decode_spans(&encode_spans(&spans)).unwrap(), spans);
+    }
+
+    #[test]
+    fn a_block_reads_back_the_spans_it_was_built_from(spans in vec(span(), 1..150)) {
+        let want = block_order(spans);
+        let (meta, mem) = memory_block(&want);
+        let reader = BlockReader::new(&meta, mem);
+        let mut got = reader.spans(&Rows::All, true).unwrap();
+        for s in &mut got {
+            s.attributes.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn postings_hold_exactly_the_rows_a_scan_finds(spans in vec(span(), 1..150)) {
+        let rows = block_order(spans);
+        let (_, mem) = memory_block(&rows);
+        let scan = |pick: &dyn Fn(&SpanRecord) -> Option<String>| {
+            let mut m: HashMap<String, RoaringBitmap> = HashMap::new();
+            for (i, s) in rows.iter().enumerate() {
+                if let Some(term) = pick(s) {
+                    m.entry(term).or_default().insert(i as u32);
+                }
+            }
+            m
+        };
+        let by_name = scan(&|s| Some(s.name.clone()));
+        let by_version = scan(&|s| match s.attribute("llm.model_version") {
+            Some(Value::Str(v)) => Some(v.clone()),
+            _ => None,
+        });
+        for (dim, naive) in [(DIM_NAME, by_name), ("llm.model_version", by_version)] {
+            let indexed: HashMap<String, RoaringBitmap> = mem
+                .postings
+                .get(dim)
+                .map(|p| p.iter().cloned().collect())
+                .unwrap_or_default();
+            prop_assert_eq!(indexed, naive, "{}", dim);
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Taking blocks out of the store (merged into others, or out of retention) without pulling
+//! them from under a reader: one atomic write deletes a block's meta and writes its grave (so
+//! that after a restart it is not read again), and the in-memory block list drops it at once,
+//! so no later snapshot sees it. Its data (column chunks, postings, trace summaries, trace-id
+//! index entries) and cached entries are deleted once no reader holds it any more (the
+//! retired list holds the last reference to its meta), together with the grave; then the
+//! deleted key ranges are compacted, so that the disk space is given back. Graves found at
+//! open are deleted then.
+
+use std::collections::HashSet;
+
+use super::*;
+
+/// A block out of its tenant's list, waiting until no reader holds it.
+pub(super) type Retired = (TenantId, BlockAddr, Arc<BlockMeta>);
+
+impl Store {
+    /// Adds to `batch` what takes a block out of the store for good: its meta goes, its grave
+    /// comes.
+    pub(super) fn stage_retire(&self, batch: &mut WriteBatch, tenant: &TenantId, addr: BlockAddr) {
+        let meta = self.cf(CF_META);
+        batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::META, addr));
+        batch.put_cf(meta, keys::block_key(tenant, SPANS, keys::GRAVE, addr), []);
+    }
+
+    /// Writes `batch` (which stages the retirement of `out`, and whatever replaces them), then
+    /// swaps the tenant's block list under one lock: `new` in, `out` retired. A snapshot holds
+    /// the list before or after, never a mix.
+    pub(super) fn replace_blocks(
+        &self,
+        tenant: &TenantId,
+        batch: WriteBatch,
+        new: Vec<(BlockAddr, Arc<BlockMeta>)>,
+        out: &[BlockAddr],
+    ) -> Result<()> {
+        self.db.write_opt(batch, &self.sync)?;
+        let mut state = self.lock();
+        let State {
+            tenants, retired, ..
+        } = &mut *state;
+        let blocks = Arc::make_mut(&mut tenants.entry(tenant.clone()).or_default().blocks);
+        blocks.extend(new);
+        for addr in out {
+            if let Some(meta) = blocks.remove(addr) {
+                retired.push((tenant.clone(), *addr, meta));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the data of the retired blocks that only the retired list still holds.
+    /// Returns whether it deleted anything.
+    pub(super) fn delete_retired(&self) -> Result<bool> {
+        let dead: Vec<(TenantId, BlockAddr)> = {
+            let mut state = self.lock();
+            let (dead, held): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut state.retired)
+                .into_iter()
+                .partition(|(_, _, meta)| Arc::strong_count(meta) == 1);
+            state.retired = held;
+            dead.into_iter().map(|(t, a, _)| (t, a)).collect()
+        };
+        if dead.is_empty() {
+            return Ok(false);
+        }
+        if let Err(e) = self.delete_blocks(&dead) {
+            // their graves stay: deleted again next round, or at the next open
+            tracing::warn!(error = %e, blocks = dead.len(), "deleting retired blocks failed");
+            return Err(e);
+        }
+        self.stats
+            .blocks_deleted
+            .fetch_add(dead.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Deletes blocks' data, graves and cached entries, then compacts their key ranges.
+    pub(super) fn delete_blocks(&self, dead: &[(TenantId, BlockAddr)]) -> Result<()> {
+        let data = self.cf(CF_DATA);
+        let meta = self.cf(CF_META);
+        let mut batch = WriteBatch::default();
+        for (tenant, addr) in dead {
+            for entry in self.block_traces(tenant, *addr).unwrap_or_default() {
+                batch.delete_cf(data, keys::trace_id(tenant, SPANS, &entry.trace_id, *addr));
+            }
+            for kind in [keys::CHUNK, keys::POSTINGS] {
+                let from = keys::block_key(tenant, SPANS, kind, *addr);
+                batch.delete_range_cf(data, from.clone(), keys::prefix_end(&from));
+            }
+            batch.delete_cf(data, keys::block_key(tenant, SPANS, keys::TRACES, *addr));
+            batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::META, *addr));
+            batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::GRAVE, *addr));
+        }
+        self.db.write_opt(batch, &self.sync)?;
+        self.forget_cached(dead);
+        self.compact_deleted(dead);
+        Ok(())
+    }
+
+    /// Drops every cached entry of deleted blocks (each cache key starts with the block's
+    /// key: tenant, signal, kind, window, block).
+    fn forget_cached(&self, dead: &[(TenantId, BlockAddr)]) {
+        let gone: HashSet<(&str, BlockAddr)> =
+            dead.iter().map(|(t, addr)| (t.as_str(), *addr)).collect();
+        let live = |key: &[u8]| {
+            keys::split(key)
+                .and_then(|p| Some((p.tenant, keys::read_addr(p.rest)?)))
+                .is_none_or(|k| !gone.contains(&k))
+        };
+        self.footers.retain(live);
+        self.chunks.retain(live);
+        self.postings.retain(live);
+        self.trace_runs.retain(live);
+        self.matches.retain(live);
+    }
+
+    /// Compacts the key ranges deleted blocks occupied, per tenant and kind, so that their
+    /// bytes leave the disk now rather than whenever RocksDB would get to them.
+    fn compact_deleted(&self, dead: &[(TenantId, BlockAddr)]) {
+        let mut spans: BTreeMap<&TenantId, (BlockAddr, BlockAddr)> = BTreeMap::new();
+        for (tenant, addr) in dead {
+            let e = spans.entry(tenant).or_insert((*addr, *addr));
+            e.0 = e.0.min(*addr);
+            e.1 = e.1.max(*addr);
+        }
+        for (tenant, (first, last)) in spans {
+            for (cf, kind) in [
+                (CF_DATA, keys::CHUNK),
+                (CF_DATA, keys::POSTINGS),
+                (CF_DATA, keys::TRACES),
+                (CF_META, keys::META),
+            ] {
+                let from = keys::block_key(tenant, SPANS, kind, first);
+                let to = keys::prefix_end(&keys::block_key(tenant, SPANS, kind, last));
+                self.db
+                    .compact_range_cf(self.cf(cf), Some(&from[..]), Some(&to[..]));
+            }
+        }
+    }
+}
