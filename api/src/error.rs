@@ -103,6 +103,7 @@ impl ApiError {
             Self::Ingest(e) => Class::of_ingest(e),
             Self::Query(QueryError::InvalidParameter { .. }) => Class::BadRequest,
             Self::Query(QueryError::Storage(s)) | Self::Storage(s) => Class::of_storage(s),
+            Self::Query(QueryError::Selection(_)) => Class::Internal,
             Self::Internal(_) => Class::Internal,
         }
     }

@@ -8,4 +8,7 @@ pub enum QueryError {
     InvalidParameter { param: &'static str, detail: String },
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
+    /// The row selection shared with SQL failed (its errors are storage errors underneath).
+    #[error("row selection: {0}")]
+    Selection(#[from] datafusion::error::DataFusionError),
 }

@@ -4,17 +4,17 @@ use std::collections::HashMap;
 
 use roaring::RoaringBitmap;
 use weft_storage::Store;
+use weft_storage::block::TraceEntry;
 use weft_storage::block::reader::Rows;
 use weft_storage::block::writer::col;
-use weft_storage::block::{BlockMeta, TraceEntry};
 use weft_storage::codec::Reader;
-use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
 use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, dedicated_for};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::SummaryBuilder;
 
 use crate::error::QueryError;
+use crate::sql::pushdown::{BlockWork, Pushdown, ScanPlan};
 
 /// Filters of a search; all of them must hold on one span of a trace.
 #[derive(Clone, Debug, Default)]
@@ -83,19 +83,17 @@ pub fn search(
     req: &SearchRequest,
 ) -> Result<SearchPage, QueryError> {
     let snapshot = store.snapshot(tenant);
+    // blocks and rows are chosen as SQL's push-down chooses them (time bounds, postings,
+    // retention); what no index answers is checked here on the rows left
+    let pushdown = pushdown_of(req);
+    let plan = ScanPlan::build(store, tenant, &snapshot, &pushdown, true)?;
     let mut matched: Vec<TraceId> = Vec::new();
-    for (addr, meta) in snapshot.blocks.iter() {
-        if !overlaps(meta, req) {
-            continue;
-        }
-        let mut rows = matching_rows(store, tenant, *addr, meta, req)?;
-        if let Some(live) = store.live_rows(tenant, &snapshot, *addr, meta)? {
-            rows &= live;
-        }
+    for work in &plan.blocks {
+        let rows = matching_rows(store, tenant, work, req)?;
         if rows.is_empty() {
             continue;
         }
-        let traces = store.block_traces(tenant, *addr)?;
+        let traces = store.block_traces(tenant, work.addr)?;
         matched.extend(traces_of_rows(&traces, &rows));
     }
     matched.extend(
@@ -134,39 +132,58 @@ pub fn search(
     })
 }
 
-fn overlaps(meta: &BlockMeta, req: &SearchRequest) -> bool {
-    req.start.is_none_or(|s| meta.max_start >= s) && req.end.is_none_or(|e| meta.min_start < e)
+/// The filters of a search that the store's indexes and block bounds answer.
+fn pushdown_of(req: &SearchRequest) -> Pushdown {
+    let mut p = Pushdown {
+        start_min: req.start.map(|s| s as i64),
+        start_max: req.end.map(|e| e as i64 - 1),
+        ..Default::default()
+    };
+    let mut term = |dim: &'static str, value: &str| {
+        let terms = p.dims.entry(dim).or_default();
+        if terms.is_empty() {
+            terms.push(value.to_owned());
+        } else if !terms.iter().any(|t| t == value) {
+            // two different values of one dimension on one span: nothing matches
+            p.nothing = true;
+        }
+    };
+    if let Some(service) = &req.service {
+        term(DIM_SERVICE, service);
+    }
+    if let Some(name) = &req.name {
+        term(DIM_NAME, name);
+    }
+    for (key, value) in &req.attributes {
+        if let Some((i, _)) = dedicated_for(key)
+            && DEDICATED[i].indexed
+        {
+            term(DEDICATED[i].name, value);
+        }
+    }
+    p
 }
 
-/// Rows of one block where a single span satisfies every filter. Indexed filters are bitmap
-/// intersections; the others decode only their column, only for rows still in the running.
+/// Rows of one block (among those the scan plan chose) where a single span satisfies every
+/// filter: the plan's rows answer the indexed ones; the others decode only their column, only
+/// for rows still in the running.
 fn matching_rows(
     store: &Store,
     tenant: &TenantId,
-    addr: BlockAddr,
-    meta: &BlockMeta,
+    work: &BlockWork,
     req: &SearchRequest,
 ) -> Result<RoaringBitmap, QueryError> {
-    let mut rows = RoaringBitmap::new();
-    rows.insert_range(0..meta.rows);
-    let mut narrow = |dim: &str, term: &str| -> Result<(), QueryError> {
-        rows &= store.postings(tenant, addr, dim, term)?;
-        Ok(())
+    let meta = &work.meta;
+    let mut rows = match &work.rows {
+        Rows::All => RoaringBitmap::from_iter(0..meta.rows),
+        Rows::Range(start, len) => RoaringBitmap::from_iter(*start..start + len),
+        Rows::Set(set) => set.clone(),
     };
-    if let Some(service) = &req.service {
-        narrow(DIM_SERVICE, service)?;
-    }
-    if let Some(name) = &req.name {
-        narrow(DIM_NAME, name)?;
-    }
-    let mut unindexed = Vec::new();
-    for (key, value) in &req.attributes {
-        match dedicated_for(key) {
-            Some((i, _)) if DEDICATED[i].indexed => narrow(DEDICATED[i].name, value)?,
-            _ => unindexed.push((key, value)),
-        }
-    }
-    let reader = store.block_reader(tenant, addr, meta);
+    let unindexed = req
+        .attributes
+        .iter()
+        .filter(|(key, _)| dedicated_for(key).is_none_or(|(i, _)| !DEDICATED[i].indexed));
+    let reader = store.block_reader(tenant, work.addr, meta);
     for (key, value) in unindexed {
         if rows.is_empty() {
             break;
