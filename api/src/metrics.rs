@@ -1,9 +1,18 @@
 //! Weft's own metrics in the Prometheus text format: ingest outcomes, request latency per
-//! surface, write-ahead and flush timings, blocks, and RocksDB's figures.
+//! route (one histogram, labelled), write-ahead and flush timings, background tasks, blocks,
+//! and RocksDB's figures.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::state::SharedState;
 
 use weft_ingest::{Ingester, RejectReason};
 use weft_storage::{Store, TaskStats};
@@ -48,14 +57,50 @@ impl Histogram {
     }
 }
 
-/// Request latency per surface.
+/// Request latency by route: `METHOD /path/{param}` for HTTP (until the answer's head is
+/// sent), `grpc SERVICE/METHOD`, `pgwire query`.
 #[derive(Debug, Default)]
 pub struct RequestMetrics {
-    pub otlp_http: Histogram,
-    pub otlp_grpc: Histogram,
-    pub api: Histogram,
-    pub sql_http: Histogram,
-    pub sql_pg: Histogram,
+    routes: Mutex<BTreeMap<String, Arc<Histogram>>>,
+}
+
+impl RequestMetrics {
+    pub fn observe(&self, route: &str, d: Duration) {
+        let h = {
+            let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            match routes.get(route) {
+                Some(h) => h.clone(),
+                None => routes.entry(route.to_owned()).or_default().clone(),
+            }
+        };
+        h.observe(d);
+    }
+
+    fn render(&self, out: &mut String) {
+        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        for (route, h) in routes.iter() {
+            let route = route.replace('\\', "\\\\").replace('"', "\\\"");
+            h.render(
+                out,
+                "weft_request_duration_seconds",
+                &format!("route=\"{route}\""),
+            );
+        }
+    }
+}
+
+/// Middleware timing every matched HTTP route into [`RequestMetrics`].
+pub async fn track_latency(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| format!("{} {}", req.method(), p.as_str()));
+    let started = Instant::now();
+    let response = next.run(req).await;
+    if let Some(route) = route {
+        state.requests.observe(&route, started.elapsed());
+    }
+    response
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
@@ -97,20 +142,8 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
             load(n)
         );
     }
-    out.push_str("# HELP weft_request_duration_seconds Request latency by surface.\n# TYPE weft_request_duration_seconds histogram\n");
-    for (surface, h) in [
-        ("otlp_http", &requests.otlp_http),
-        ("otlp_grpc", &requests.otlp_grpc),
-        ("api", &requests.api),
-        ("sql_http", &requests.sql_http),
-        ("sql_pg", &requests.sql_pg),
-    ] {
-        h.render(
-            &mut out,
-            "weft_request_duration_seconds",
-            &format!("surface=\"{surface}\""),
-        );
-    }
+    out.push_str("# HELP weft_request_duration_seconds Request latency by route.\n# TYPE weft_request_duration_seconds histogram\n");
+    requests.render(&mut out);
     let s = &store.stats;
     counter(
         &mut out,

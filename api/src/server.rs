@@ -50,6 +50,10 @@ pub fn api_router(state: SharedState) -> Router {
         .route("/metrics", get(metrics_handler))
         .merge(traces::router())
         .merge(sql::http::router())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_latency,
+        ))
         .with_state(state)
 }
 

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use weft_ingest::Ingester;
 use weft_query::sql::SqlEngine;
 use weft_storage::Store;
@@ -31,6 +33,30 @@ pub fn tenant_from(value: Option<&str>) -> Result<TenantId, String> {
     }
 }
 
+/// The tenant a query request names (`X-Scope-OrgID`; absent means the default tenant), as
+/// an extractor: a bad name is a 400 before the handler runs.
+#[derive(Debug, Clone)]
+pub struct Tenant(pub TenantId);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        tenant(&parts.headers).map(Tenant)
+    }
+}
+
+/// Runs blocking work (RocksDB reads, decoding) on the blocking pool, off the async threads.
+pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(format!("blocking task failed: {e}")))
+}
+
 pub fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
     let value = headers
         .get(TENANT_HEADER)
@@ -40,4 +66,16 @@ pub fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
         })
         .transpose()?;
     tenant_from(value).map_err(ApiError::BadRequest)
+}
+
+/// A server's shared state over a fresh store in `dir`, for in-process handler tests.
+#[cfg(test)]
+pub fn test_state(dir: &std::path::Path) -> SharedState {
+    let store = Arc::new(Store::open(dir, weft_storage::StoreOptions::default()).unwrap());
+    Arc::new(AppState {
+        ingester: Arc::new(Ingester::new(store.clone(), Default::default())),
+        requests: RequestMetrics::default(),
+        sql: SqlEngine::new(store.clone(), Default::default()),
+        store,
+    })
 }

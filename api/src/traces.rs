@@ -13,3 +13,6 @@ pub fn router() -> Router<SharedState> {
         .route("/api/v1/traces/{trace_id}", get_route(get::trace_by_id))
         .route("/api/v1/search", get_route(search::search))
 }
+
+#[cfg(test)]
+mod tests;

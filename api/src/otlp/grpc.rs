@@ -64,7 +64,9 @@ impl TraceService for TraceReceiver {
         let req = request.into_inner();
         let size = req.encoded_len();
         let result = self.state.ingester.export(tenant, req, size).await;
-        self.state.requests.otlp_grpc.observe(started.elapsed());
+        self.state
+            .requests
+            .observe("grpc TraceService/Export", started.elapsed());
         let outcome = result.map_err(|e| to_status(&e))?;
         let partial_success = (outcome.rejected > 0).then(|| ExportTracePartialSuccess {
             rejected_spans: outcome.rejected as i64,

@@ -1,8 +1,6 @@
 //! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json` bodies,
 //! optionally gzip-compressed. The answer uses the request's content type.
 
-use std::time::Instant;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -22,6 +20,10 @@ use crate::state::{SharedState, TENANT_HEADER, tenant_from};
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/traces", post(export_traces))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::track_latency,
+        ))
         .with_state(state)
 }
 
@@ -51,19 +53,16 @@ async fn export_traces(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
     let format = format_of(&headers);
     let answer_format = *format.as_ref().unwrap_or(&Format::Json);
     let result = match format {
         Ok(format) => ingest(&state, &headers, body, format).await,
         Err(e) => Err(e),
     };
-    let response = match result {
+    match result {
         Ok(outcome) => success(answer_format, &outcome),
         Err(e) => failure(answer_format, &e),
-    };
-    state.requests.otlp_http.observe(started.elapsed());
-    response
+    }
 }
 
 async fn ingest(

@@ -7,11 +7,9 @@
 //! CSV or Arrow answer short (the client sees a broken stream, never a silently truncated
 //! one).
 
-use std::time::Instant;
-
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -22,7 +20,7 @@ use serde_json::json;
 use weft_query::sql::{SqlError, SqlErrorKind};
 
 use super::encode::{Encoder, Format};
-use crate::state::{SharedState, tenant};
+use crate::state::{SharedState, Tenant};
 
 pub fn router() -> Router<SharedState> {
     Router::new().route("/api/v1/sql", post(sql))
@@ -73,12 +71,7 @@ fn bad_request(message: String) -> Response {
         .into_response()
 }
 
-async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
-    let started = Instant::now();
-    let tenant = match tenant(&headers) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+async fn sql(State(state): State<SharedState>, Tenant(tenant): Tenant, body: Bytes) -> Response {
     let req: SqlRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -118,14 +111,12 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
             }
             Ok(None) => {
                 held.extend_from_slice(&encoder.end(None));
-                state.requests.sql_http.observe(started.elapsed());
                 return answer(format, Body::from(held));
             }
             Err(e) => return error_response(&e),
         }
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
-    let metrics_state = state.clone();
     tokio::spawn(async move {
         if tx.send(Ok(Bytes::from(held))).await.is_err() {
             return; // client went away: dropping the stream cancels the query
@@ -157,7 +148,6 @@ async fn sql(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) 
                 }
             }
         }
-        metrics_state.requests.sql_http.observe(started.elapsed());
     });
     answer(format, Body::from_stream(tokio_stream_from(rx)))
 }

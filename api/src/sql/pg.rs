@@ -584,7 +584,9 @@ impl Backend {
             .map_err(|_| sql_error(SqlError::timeout(limit)))?
             .map_err(sql_error)?;
         let fields = Arc::new(fields(&query.schema, format));
-        self.state.requests.sql_pg.observe(started.elapsed());
+        self.state
+            .requests
+            .observe("pgwire query", started.elapsed());
         Ok(Response::Query(QueryResponse::new(
             fields.clone(),
             row_stream(query, fields, limit),

@@ -1,8 +1,6 @@
 //! `GET /api/v1/traces/{trace_id}`: the whole trace as OTLP/JSON, or protobuf when the client
 //! accepts `application/x-protobuf`.
 
-use std::time::Instant;
-
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
@@ -11,15 +9,14 @@ use weft_ingest::otlp::{export::to_request, json::encode_request};
 use weft_storage::model::TraceId;
 
 use crate::error::ApiError;
-use crate::state::{SharedState, tenant};
+use crate::state::{SharedState, Tenant, blocking};
 
 pub async fn trace_by_id(
     State(state): State<SharedState>,
+    Tenant(tenant): Tenant,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let tenant = tenant(&headers)?;
     if id.len() != 32 {
         return Err(ApiError::BadRequest(format!(
             "trace id {id:?} must be 32 hex characters"
@@ -27,10 +24,7 @@ pub async fn trace_by_id(
     }
     let trace = TraceId::from_hex(&id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let store = state.store.clone();
-    let spans = tokio::task::spawn_blocking(move || store.trace(&tenant, &trace))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-    state.requests.api.observe(started.elapsed());
+    let spans = blocking(move || store.trace(&tenant, &trace)).await??;
     if spans.is_empty() {
         return Err(ApiError::NotFound(format!(
             "trace {} not found",

@@ -4,17 +4,14 @@
 //! `max_duration` (`250ms`, `2s`), `start` / `end` (RFC 3339 or Unix nanoseconds),
 //! `limit` (1 to 1000, default 20), `cursor` (the `next_cursor` of the previous page).
 
-use std::time::Instant;
-
 use axum::Json;
 use axum::extract::{RawQuery, State};
-use axum::http::HeaderMap;
 use serde_json::{Value, json};
 use weft_query::search::Cursor;
 use weft_query::{SearchRequest, search as run_search};
 
 use crate::error::ApiError;
-use crate::state::{SharedState, tenant};
+use crate::state::{SharedState, Tenant, blocking};
 use crate::time::{format_rfc3339, parse_duration, parse_time};
 
 const MAX_LIMIT: usize = 1000;
@@ -108,17 +105,12 @@ fn decode(s: &str) -> Result<String, ApiError> {
 
 pub async fn search(
     State(state): State<SharedState>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
-    let started = Instant::now();
-    let tenant = tenant(&headers)?;
     let req = parse_request(query.as_deref().unwrap_or(""))?;
     let store = state.store.clone();
-    let page = tokio::task::spawn_blocking(move || run_search(&store, &tenant, &req))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-    state.requests.api.observe(started.elapsed());
+    let page = blocking(move || run_search(&store, &tenant, &req)).await??;
     let traces: Vec<Value> = page
         .traces
         .iter()
