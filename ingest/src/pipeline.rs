@@ -1,19 +1,18 @@
 //! Admission and the write: a request takes a share of a bounded in-flight budget (or is told
-//! to retry), is decoded and validated off the async runtime, and is answered once its spans
-//! are durable.
+//! to retry), is decoded and validated off the async runtime, and is answered once its rows
+//! are durable. What every signal shares is here (limits, admission, rejection reasons and
+//! their counters, the outcome of a request); each signal's decoding and storing is in a
+//! module of its own ([`traces`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
 use tokio::sync::Semaphore;
 use weft_storage::Store;
-use weft_storage::keys::Signal;
-use weft_storage::model::TenantId;
 
 use crate::error::IngestError;
-use crate::otlp::convert::{SpanLimits, convert_request};
-use crate::otlp::{self, ExportTraceServiceRequest};
+
+mod traces;
 
 /// Limits of the ingest path; each has a server flag.
 #[derive(Clone, Copy, Debug)]
@@ -137,39 +136,8 @@ impl Ingester {
         &self.store
     }
 
-    /// Decodes, validates and stores an encoded (already decompressed) export body.
-    pub async fn export_bytes(
-        self: &Arc<Self>,
-        tenant: TenantId,
-        body: Bytes,
-        format: Format,
-    ) -> Result<ExportOutcome, IngestError> {
-        let cost = body.len();
-        self.admitted(cost, move |this| {
-            let req = match format {
-                Format::Protobuf => otlp::decode_protobuf(&body),
-                Format::Json => otlp::json::decode_request(&body),
-            };
-            let req =
-                req.inspect_err(|_| this.stats.count_rejected(RejectReason::Undecodable, 1))?;
-            this.store_request(&tenant, req)
-        })
-        .await
-    }
-
-    /// Validates and stores an already decoded request (the gRPC path).
-    pub async fn export(
-        self: &Arc<Self>,
-        tenant: TenantId,
-        req: ExportTraceServiceRequest,
-        encoded_len: usize,
-    ) -> Result<ExportOutcome, IngestError> {
-        self.admitted(encoded_len, move |this| this.store_request(&tenant, req))
-            .await
-    }
-
     /// Runs `work` on the blocking pool once the request fits the in-flight budget.
-    async fn admitted<F>(
+    pub(crate) async fn admitted<F>(
         self: &Arc<Self>,
         cost: usize,
         work: F,
@@ -201,42 +169,5 @@ impl Ingester {
             self.stats.count_rejected(RejectReason::Overloaded, 1);
         }
         result
-    }
-
-    fn store_request(
-        &self,
-        tenant: &TenantId,
-        req: ExportTraceServiceRequest,
-    ) -> Result<ExportOutcome, IngestError> {
-        let retention = self.store.options().retention.of(tenant, Signal::Spans);
-        let limits = SpanLimits {
-            max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
-            retention: retention
-                .zip(self.store.cutoff(tenant, Signal::Spans))
-                .map(|(d, c)| (c, d)),
-        };
-        let converted = convert_request(req, limits);
-        for (reason, n) in &converted.rejected {
-            self.stats.count_rejected(*reason, *n as u64);
-        }
-        let rejected = converted.rejected_count();
-        let error_message = converted.first_error;
-        let outcome = if converted.spans.is_empty() {
-            Default::default()
-        } else {
-            self.store.append(tenant, converted.spans)?
-        };
-        self.stats
-            .spans_accepted
-            .fetch_add(outcome.stored as u64, Ordering::Relaxed);
-        self.stats
-            .spans_duplicate
-            .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
-        Ok(ExportOutcome {
-            accepted: outcome.stored,
-            duplicates: outcome.duplicates,
-            rejected,
-            error_message,
-        })
     }
 }

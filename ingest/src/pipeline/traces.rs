@@ -1,0 +1,84 @@
+//! The trace signal's export: decode (protobuf or JSON), validate each span, store the valid
+//! ones, answer with what was accepted, deduplicated and rejected.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use weft_storage::keys::Signal;
+use weft_storage::model::TenantId;
+
+use super::{ExportOutcome, Format, Ingester, RejectReason};
+use crate::error::IngestError;
+use crate::otlp::convert::{SpanLimits, convert_request};
+use crate::otlp::{self, ExportTraceServiceRequest};
+
+impl Ingester {
+    /// Decodes, validates and stores an encoded (already decompressed) export body.
+    pub async fn export_bytes(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        body: Bytes,
+        format: Format,
+    ) -> Result<ExportOutcome, IngestError> {
+        let cost = body.len();
+        self.admitted(cost, move |this| {
+            let req = match format {
+                Format::Protobuf => otlp::decode_protobuf(&body),
+                Format::Json => otlp::json::decode_request(&body),
+            };
+            let req =
+                req.inspect_err(|_| this.stats.count_rejected(RejectReason::Undecodable, 1))?;
+            this.store_request(&tenant, req)
+        })
+        .await
+    }
+
+    /// Validates and stores an already decoded request (the gRPC path).
+    pub async fn export(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        req: ExportTraceServiceRequest,
+        encoded_len: usize,
+    ) -> Result<ExportOutcome, IngestError> {
+        self.admitted(encoded_len, move |this| this.store_request(&tenant, req))
+            .await
+    }
+
+    fn store_request(
+        &self,
+        tenant: &TenantId,
+        req: ExportTraceServiceRequest,
+    ) -> Result<ExportOutcome, IngestError> {
+        let retention = self.store.options().retention.of(tenant, Signal::Spans);
+        let limits = SpanLimits {
+            max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
+            retention: retention
+                .zip(self.store.cutoff(tenant, Signal::Spans))
+                .map(|(d, c)| (c, d)),
+        };
+        let converted = convert_request(req, limits);
+        for (reason, n) in &converted.rejected {
+            self.stats.count_rejected(*reason, *n as u64);
+        }
+        let rejected = converted.rejected_count();
+        let error_message = converted.first_error;
+        let outcome = if converted.spans.is_empty() {
+            Default::default()
+        } else {
+            self.store.append(tenant, converted.spans)?
+        };
+        self.stats
+            .spans_accepted
+            .fetch_add(outcome.stored as u64, Ordering::Relaxed);
+        self.stats
+            .spans_duplicate
+            .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+        Ok(ExportOutcome {
+            accepted: outcome.stored,
+            duplicates: outcome.duplicates,
+            rejected,
+            error_message,
+        })
+    }
+}
