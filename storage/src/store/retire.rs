@@ -116,6 +116,13 @@ impl Store {
     /// Compacts the key ranges deleted blocks occupied, per tenant and kind, so that their
     /// bytes leave the disk now rather than whenever RocksDB would get to them.
     fn compact_deleted(&self, dead: &[(TenantId, BlockAddr)]) {
+        // memtables first: until they are flushed, RocksDB keeps the write-ahead files that
+        // hold the deleted rows (and the head batches they came from) on disk
+        for cf in [CF_HEAD, CF_DATA, CF_META] {
+            if let Err(e) = self.db.flush_cf(self.cf(cf)) {
+                tracing::warn!(error = %e, cf, "memtable flush after a deletion failed");
+            }
+        }
         let mut spans: BTreeMap<&TenantId, (BlockAddr, BlockAddr)> = BTreeMap::new();
         for (tenant, addr) in dead {
             let e = spans.entry(tenant).or_insert((*addr, *addr));
