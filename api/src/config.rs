@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// RocksDB block cache in bytes [default: 134217728].
     #[arg(long, env = "WEFT_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
+    /// A window that received no block for this long has its small blocks merged, e.g. 60s
+    /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
+    #[arg(long, env = "WEFT_MERGE_IDLE")]
+    pub merge_idle: Option<String>,
     /// How long rows are kept, e.g. 30d; 0 keeps them forever [default: 0]. Per tenant and per
     /// signal in the TOML file (`[tenants.NAME]`).
     #[arg(long, env = "WEFT_RETENTION")]
@@ -109,6 +113,7 @@ struct FileConfig {
     max_pending_rows: Option<usize>,
     block_window: Option<String>,
     cache_bytes: Option<usize>,
+    merge_idle: Option<String>,
     retention: Option<String>,
     spans_retention: Option<String>,
     logs_retention: Option<String>,
@@ -245,6 +250,11 @@ impl Config {
                 .cache_bytes
                 .or(file.cache_bytes)
                 .unwrap_or(store_default.cache_bytes),
+            merge_idle: duration(
+                "merge_idle",
+                args.merge_idle.or(file.merge_idle),
+                store_default.merge_idle,
+            )?,
             retention: retention::retention(
                 RetentionKeys {
                     retention: args.retention,

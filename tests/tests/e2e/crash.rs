@@ -118,7 +118,15 @@ async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_c
     let dir = tempfile::tempdir().unwrap();
     let mut w = Weft::start(
         dir.path(),
-        &["--flush-rows", "3000", "--flush-age", "300ms"],
+        // small blocks, merged as soon as a window is idle: kills land in flushes and merges
+        &[
+            "--flush-rows",
+            "3000",
+            "--flush-age",
+            "300ms",
+            "--merge-idle",
+            "1s",
+        ],
     );
     let otlp = Arc::new(Mutex::new(w.otlp.clone()));
     let acked: Arc<Mutex<HashSet<Vec<u8>>>> = Default::default();
