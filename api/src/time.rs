@@ -52,7 +52,14 @@ pub fn parse_time(text: &str) -> Result<u64, String> {
 
 fn parse_rfc3339(t: &str) -> Option<u64> {
     let b = t.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { t.get(r)?.parse().ok() };
+    // only ASCII digits: `parse` would also take a sign
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let digits = t.get(r)?;
+        if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    };
     if b.len() < 20
         || b[4] != b'-'
         || b[7] != b'-'
@@ -84,15 +91,25 @@ fn parse_rfc3339(t: &str) -> Option<u64> {
     }
     let offset = match t.get(i..)? {
         "Z" | "z" => 0,
-        tz if tz.len() == 6 && matches!(&tz[..1], "+" | "-") && &tz[3..4] == ":" => {
-            let sign = if &tz[..1] == "-" { -1 } else { 1 };
-            sign * (tz[1..3].parse::<i64>().ok()? * 3600 + tz[4..6].parse::<i64>().ok()? * 60)
+        // bytes, not string slices: a multi-byte character here must not split a slice
+        tz if tz.len() == 6
+            && matches!(tz.as_bytes()[0], b'+' | b'-')
+            && tz.as_bytes()[3] == b':' =>
+        {
+            let sign = if tz.as_bytes()[0] == b'-' { -1 } else { 1 };
+            let (h, m) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            sign * (h * 3600 + m * 60)
         }
         _ => return None,
     };
     let secs =
         days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset;
-    u64::try_from(secs * 1_000_000_000 + nanos).ok()
+    // past 2262-04-11 Unix nanoseconds no longer fit: an error, not an overflow
+    let nanos = secs.checked_mul(1_000_000_000)?.checked_add(nanos)?;
+    u64::try_from(nanos).ok()
 }
 
 /// Formats Unix nanoseconds as RFC 3339 UTC with nanoseconds.
@@ -164,5 +181,39 @@ mod tests {
             format_rfc3339(951_782_400_000_000_000),
             "2000-02-29T00:00:00.000000000Z"
         );
+    }
+
+    #[test]
+    fn odd_timestamps_are_errors_not_panics() {
+        for text in [
+            "2026-11-30T02:40:00é1234",
+            "2026-11-30T02:40:00+é:000",
+            "2026-11-30T02:40:00.5+0é:00",
+            "2026-11-30T02:40:00.9999999999Z",
+            "2262-04-12T00:00:00Z",
+            "9999-12-31T23:59:59.999999999Z",
+            "2026-11-30T02:40:00+99:00",
+            "2026-11-30T02:40:+0Z",
+            "+026-11-30T02:40:00Z",
+            "2026-11-30T02:40:00",
+            "99999999999999999999999",
+        ] {
+            assert!(parse_time(text).is_err(), "{text}");
+        }
+        assert!(
+            parse_time("2262-04-11T23:47:16Z").is_ok(),
+            "the last second that fits"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_text_makes_the_parsers_panic(text in "\\PC{0,40}", digits in "[0-9:.TZ+-]{0,32}") {
+            let _ = parse_time(&text);
+            let _ = parse_time(&digits);
+            let _ = parse_time(&format!("2026-11-30T02:40:00{text}"));
+            let _ = parse_duration(&text);
+            let _ = parse_duration(&digits);
+        }
     }
 }
