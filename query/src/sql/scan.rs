@@ -678,8 +678,8 @@ impl ExecutionPlan for WeftScanExec {
         // rows of many blocks (an index-served scan) go up as one batch: operators above pay
         // a fixed cost per batch, which a few rows do not cover. Under a join's filter they
         // go up block by block, each batch through the join and the aggregation above while
-        // it is in cache (gathered, the probe side of the peer benchmark's Q4 at 20M spans
-        // took 42 ms instead of 35).
+        // it is in cache (gathered into full batches, a join's probe side measured slower; see
+        // BENCHMARKS.md).
         if self.parent_filters.is_empty() {
             let stream = Gathered {
                 inner: Box::pin(stream),
