@@ -555,9 +555,6 @@ impl Store {
                 }
             }
         }
-        if reserved.fresh.is_empty() {
-            mine.finish(true);
-        }
         Ok(reserved)
     }
 

@@ -142,7 +142,12 @@ async fn protobuf_over_http_reads_back_equal_before_and_after_flush() {
     for name in [
         "weft_spans_accepted_total",
         "weft_spans_rejected_total{reason=\"invalid_id\"}",
-        "weft_request_duration_seconds_bucket",
+        "weft_request_duration_seconds_bucket{route=\"GET /api/v1/traces/{trace_id}\"",
+        "weft_background_runs_total{task=\"flush\"}",
+        "weft_background_failures_total{task=\"merge\"} 0",
+        "weft_background_panics_total{task=\"retention\"} 0",
+        "weft_blocks_expired_total",
+        "weft_merges_total",
         "weft_wal_writes_total",
         "weft_flush_seconds_sum",
         "weft_blocks ",
