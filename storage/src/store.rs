@@ -1103,7 +1103,16 @@ impl Store {
     pub fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
         self.flush(true)?;
-        self.db.flush()?;
+        // every column family's memtable: RocksDB keeps a write-ahead file until all of them
+        // are flushed (`DB::flush` alone flushes only the default one), and the data
+        // directory after a clean stop should hold the data, not its write-ahead copy
+        for cf in [CF_DATA, CF_META, CF_HEAD] {
+            self.db.flush_cf(self.cf(cf))?;
+        }
+        // the head is empty now, but its files still hold every batch written since the last
+        // compaction (a put flushed before its delete): compacting it drops them all
+        self.db
+            .compact_range_cf(self.cf(CF_HEAD), None::<&[u8]>, None::<&[u8]>);
         Ok(())
     }
 }
