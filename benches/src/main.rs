@@ -616,6 +616,11 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
         println!("{}", lookup(&server.http, &ids).await?);
     }
     terminate(&mut server)?;
+    let after_stop = dir_bytes(&dir);
+    println!(
+        "on disk right after a clean stop (as du sees it): {after_stop} bytes = {:.2} bytes/span",
+        after_stop as f64 / spans as f64
+    );
 
     let store = compacted(&dir)?;
     let blocks = store.blocks(&weft_storage::model::TenantId::default_tenant());
