@@ -1,7 +1,7 @@
-//! Retention: the blocks of windows that have fallen wholly out of a tenant's retention are
-//! retired (see [`super::retire`]): gone from every later snapshot at once, deleted from disk
-//! once no reader holds them. Rows of newer windows that are older than the cutoff are hidden
-//! by the snapshot ([`Snapshot::cutoff`]).
+//! Retention: the blocks whose rows have all fallen out of a tenant's retention (a window that
+//! has fallen wholly out) are retired (see [`super::retire`]): gone from every later snapshot
+//! at once, deleted from disk once no reader holds them. Rows of newer blocks that are older
+//! than the cutoff are hidden by the snapshot ([`Snapshot::cutoff`]).
 
 use super::*;
 
@@ -11,7 +11,6 @@ impl Store {
     pub fn enforce_retention(&self) -> Result<bool> {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.opts.clock.now();
-        let width = self.opts.window.as_nanos().max(1) as u64;
         let expired: Vec<(TenantId, Vec<BlockAddr>)> = {
             let state = self.lock();
             state
@@ -19,11 +18,13 @@ impl Store {
                 .iter()
                 .filter_map(|(tenant, t)| {
                     let cutoff = self.opts.retention.cutoff(tenant, SPANS, now)?;
+                    // every row of the block is older than the cutoff (its window's bounds
+                    // would do, but not if `--block-window` changed since it was written)
                     let out: Vec<BlockAddr> = t
                         .blocks
-                        .keys()
-                        .filter(|a| a.window.saturating_add(width) <= cutoff.0)
-                        .copied()
+                        .iter()
+                        .filter(|(_, meta)| meta.max_start < cutoff.0)
+                        .map(|(addr, _)| *addr)
                         .collect();
                     (!out.is_empty()).then(|| (tenant.clone(), out))
                 })
