@@ -112,6 +112,10 @@ enum Cmd {
         /// Then measure trace-by-id latency over this many random traces (0: skip).
         #[arg(long, default_value_t = 1000)]
         lookups: usize,
+        /// Then wait this long with no traffic and report the data directory as `du` sees it
+        /// (0: skip).
+        #[arg(long, default_value_t = 60)]
+        idle_secs: u64,
         /// Extra `weft serve` arguments, e.g. --server-arg=--flush-age=1h (repeatable).
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
@@ -209,6 +213,7 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             crash_restart,
             lookups,
+            idle_secs,
             server_arg,
         } => {
             let opts = IngestOpts {
@@ -217,6 +222,7 @@ fn main() -> anyhow::Result<()> {
                 data_dir,
                 crash_restart,
                 lookups,
+                idle_secs,
                 server_args: server_arg,
             };
             rt.block_on(ingest(data, opts))
@@ -556,6 +562,7 @@ struct IngestOpts {
     data_dir: Option<PathBuf>,
     crash_restart: bool,
     lookups: usize,
+    idle_secs: u64,
     server_args: Vec<String>,
 }
 
@@ -566,6 +573,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
         data_dir,
         crash_restart,
         lookups,
+        idle_secs,
         server_args,
     } = opts;
     let extra: Vec<&str> = server_args.iter().map(String::as_str).collect();
@@ -614,6 +622,14 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     if lookups > 0 {
         let ids = trace_ids(&data.config(), lookups);
         println!("{}", lookup(&server.http, &ids).await?);
+    }
+    if idle_secs > 0 {
+        tokio::time::sleep(std::time::Duration::from_secs(idle_secs)).await;
+        let idle = dir_bytes(&dir);
+        println!(
+            "on disk {idle_secs} s after the last request, server running (as du sees it): {idle} bytes = {:.2} bytes/span",
+            idle as f64 / spans as f64
+        );
     }
     terminate(&mut server)?;
     let after_stop = dir_bytes(&dir);

@@ -12,6 +12,9 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::store::Store;
 
+/// How long writes must have stopped before the memtables are flushed.
+pub const IDLE_RELEASE: Duration = Duration::from_secs(30);
+
 /// Longest wait before a failed task runs again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -39,10 +42,15 @@ pub struct Task {
 /// The tasks every store runs.
 pub fn tasks() -> [Task; 3] {
     [
+        // heads into blocks when due; once writes have stopped for a while, RocksDB's
+        // memtables too, so that its write-ahead files are released
         Task {
             name: "flush",
             every: Duration::from_millis(100),
-            round: |store| Ok(store.flush_due() && store.flush(false)? > 0),
+            round: |store| {
+                let flushed = store.flush_due() && store.flush(false)? > 0;
+                Ok(store.release_idle(IDLE_RELEASE)? || flushed)
+            },
         },
         Task {
             name: "merge",

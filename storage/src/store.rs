@@ -97,6 +97,8 @@ pub struct StoreStats {
     pub merges: AtomicU64,
     /// Retired blocks (merged or expired) whose data was deleted.
     pub blocks_deleted: AtomicU64,
+    /// When the last append was written, in milliseconds since the store opened.
+    pub last_append_ms: AtomicU64,
     /// Counters of the background tasks, by name.
     tasks: Mutex<BTreeMap<&'static str, Arc<crate::background::TaskStats>>>,
 }
@@ -247,6 +249,10 @@ pub struct Store {
     maintenance: Mutex<()>,
     sync: WriteOptions,
     closed: AtomicBool,
+    /// When the store opened (the clock of `last_append_ms`).
+    opened: Instant,
+    /// Whether the memtables were flushed since the last append (see [`Self::release_idle`]).
+    idle_flushed: AtomicBool,
     /// Parsed footers of column chunks, by chunk key.
     footers: Bounded<ArrowReaderMetadata>,
     /// Column chunks recently read, by key, weighed in bytes: a repeated query decodes from
@@ -322,6 +328,9 @@ impl Store {
         data.set_memtable_prefix_bloom_ratio(0.05);
         let mut head = Options::default();
         head.set_write_buffer_size(64 << 20);
+        // a head batch is deleted once its block is written; files that are mostly such
+        // deletions are compacted away by RocksDB on its own, with the batches they delete
+        head.add_compact_on_deletion_collector_factory(64, 32, 0.5);
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DATA, data),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
@@ -339,6 +348,8 @@ impl Store {
             maintenance: Mutex::new(()),
             sync,
             closed: AtomicBool::new(false),
+            opened: Instant::now(),
+            idle_flushed: AtomicBool::new(true),
             footers: Bounded::new(FOOTER_CACHE_ENTRIES),
             chunks: Bounded::new(CHUNK_CACHE_BYTES),
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
@@ -587,6 +598,10 @@ impl Store {
             self.stats
                 .rows_appended
                 .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+            self.stats
+                .last_append_ms
+                .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+            self.idle_flushed.store(false, Ordering::Release);
             t.head.push(key, Arc::new(fresh), Instant::now());
         }
         drop(state);
@@ -1085,6 +1100,26 @@ impl Store {
                     .flatten()
             })
             .sum()
+    }
+
+    /// Once writes have stopped for `after` and every head is in blocks, flushes RocksDB's
+    /// memtables, so that its write-ahead files (which hold every batch since the last memtable
+    /// flush) are released and the data directory holds the data, not a second copy of it.
+    /// Returns whether it flushed.
+    pub fn release_idle(&self, after: Duration) -> Result<bool> {
+        let last = self.stats.last_append_ms.load(Ordering::Relaxed);
+        let idle = self.opened.elapsed().as_millis() as u64 >= last + after.as_millis() as u64;
+        if !idle || self.idle_flushed.load(Ordering::Acquire) || self.pending_rows() > 0 {
+            return Ok(false);
+        }
+        for cf in [CF_DATA, CF_META, CF_HEAD] {
+            self.db.flush_cf(self.cf(cf))?;
+        }
+        // unless an append came in meanwhile (it cleared the flag and must be flushed too)
+        if self.stats.last_append_ms.load(Ordering::Relaxed) == last {
+            self.idle_flushed.store(true, Ordering::Release);
+        }
+        Ok(true)
     }
 
     pub fn pending_rows(&self) -> usize {
