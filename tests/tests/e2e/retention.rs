@@ -21,7 +21,7 @@ fn now_ns() -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_out_of_retention_are_refused_and_never_read() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Weft::start(dir.path(), &["--retention", "3s", "--flush-age", "200ms"]);
+    let w = Weft::start(dir.path(), &["--retention", "8s", "--flush-age", "200ms"]);
     let c = Client::new();
     let now = now_ns();
     let (straddling, old, ancient) = (id16(1), id16(2), id16(3));
@@ -62,14 +62,15 @@ async fn rows_out_of_retention_are_refused_and_never_read() {
     assert!(
         partial
             .error_message
-            .contains("older than the tenant's retention of 3s"),
+            .contains("older than the tenant's retention of 8s"),
         "{}",
         partial.error_message
     );
     assert!(get_trace_proto(&c, &w, &old, None).await.is_some());
 
-    // two seconds on, the cutoff has passed the spans that started a second before `now`
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // once the cutoff (now - 8 s) has passed the spans that started a second before `now`
+    let fall_out = Duration::from_nanos(now + 7_500_000_000 - now_ns().min(now + 7_500_000_000));
+    tokio::time::sleep(fall_out).await;
     assert!(get_trace_proto(&c, &w, &old, None).await.is_none());
     let kept = flatten(&get_trace_proto(&c, &w, &straddling, None).await.unwrap());
     assert_eq!(kept.len(), 1, "the straddling trace keeps its newer span");
