@@ -1112,14 +1112,21 @@ impl Store {
         if !idle || self.idle_flushed.load(Ordering::Acquire) || self.pending_rows() > 0 {
             return Ok(false);
         }
-        for cf in [CF_DATA, CF_META, CF_HEAD] {
-            self.db.flush_cf(self.cf(cf))?;
-        }
+        self.flush_memtables()?;
         // unless an append came in meanwhile (it cleared the flag and must be flushed too)
         if self.stats.last_append_ms.load(Ordering::Relaxed) == last {
             self.idle_flushed.store(true, Ordering::Release);
         }
         Ok(true)
+    }
+
+    /// Flushes every column family's memtable: RocksDB keeps a write-ahead file until all of
+    /// them are flushed (`DB::flush` alone flushes only the default one).
+    fn flush_memtables(&self) -> Result<()> {
+        for cf in [CF_DATA, CF_META, CF_HEAD] {
+            self.db.flush_cf(self.cf(cf))?;
+        }
+        Ok(())
     }
 
     pub fn pending_rows(&self) -> usize {
@@ -1138,12 +1145,8 @@ impl Store {
     pub fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
         self.flush(true)?;
-        // every column family's memtable: RocksDB keeps a write-ahead file until all of them
-        // are flushed (`DB::flush` alone flushes only the default one), and the data
-        // directory after a clean stop should hold the data, not its write-ahead copy
-        for cf in [CF_DATA, CF_META, CF_HEAD] {
-            self.db.flush_cf(self.cf(cf))?;
-        }
+        // the data directory after a clean stop should hold the data, not its write-ahead copy
+        self.flush_memtables()?;
         // the head is empty now, but its files still hold every batch written since the last
         // compaction (a put flushed before its delete): compacting it drops them all
         self.db

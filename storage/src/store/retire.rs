@@ -118,10 +118,8 @@ impl Store {
     fn compact_deleted(&self, dead: &[(TenantId, BlockAddr)]) {
         // memtables first: until they are flushed, RocksDB keeps the write-ahead files that
         // hold the deleted rows (and the head batches they came from) on disk
-        for cf in [CF_HEAD, CF_DATA, CF_META] {
-            if let Err(e) = self.db.flush_cf(self.cf(cf)) {
-                tracing::warn!(error = %e, cf, "memtable flush after a deletion failed");
-            }
+        if let Err(e) = self.flush_memtables() {
+            tracing::warn!(error = %e, "memtable flush after a deletion failed");
         }
         let mut spans: BTreeMap<&TenantId, (BlockAddr, BlockAddr)> = BTreeMap::new();
         for (tenant, addr) in dead {
