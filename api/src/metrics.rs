@@ -142,6 +142,27 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
             load(n)
         );
     }
+    counter(
+        &mut out,
+        "weft_logs_accepted_total",
+        "Log records stored.",
+        load(&i.logs_accepted),
+    );
+    counter(
+        &mut out,
+        "weft_logs_duplicate_total",
+        "Log records skipped because they were already stored (client retries).",
+        load(&i.logs_duplicate),
+    );
+    out.push_str("# HELP weft_logs_rejected_total Log records refused by validation, by reason.\n# TYPE weft_logs_rejected_total counter\n");
+    for (reason, n) in RejectReason::ALL.iter().zip(&i.logs_rejected) {
+        let _ = writeln!(
+            out,
+            "weft_logs_rejected_total{{reason=\"{}\"}} {}",
+            reason.as_str(),
+            load(n)
+        );
+    }
     out.push_str("# HELP weft_request_duration_seconds Request latency by route.\n# TYPE weft_request_duration_seconds histogram\n");
     requests.render(&mut out);
     let s = &store.stats;

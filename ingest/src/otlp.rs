@@ -1,9 +1,11 @@
-//! OTLP traces: protobuf and JSON decoding, normalisation to the storage model (with
-//! validation), and the way back (storage model to OTLP) for read APIs.
+//! OTLP: protobuf and JSON decoding, normalisation to the storage model (with validation), and
+//! the way back (storage model to OTLP) for read APIs. Traces are at the top of this module;
+//! logs in [`logs`].
 
 pub mod convert;
 pub mod export;
 pub mod json;
+pub mod logs;
 
 pub use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,

@@ -2,7 +2,7 @@
 //! to retry), is decoded and validated off the async runtime, and is answered once its rows
 //! are durable. What every signal shares is here (limits, admission, rejection reasons and
 //! their counters, the outcome of a request); each signal's decoding and storing is in a
-//! module of its own ([`traces`]).
+//! module of its own ([`traces`], [`logs`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +12,7 @@ use weft_storage::Store;
 
 use crate::error::IngestError;
 
+mod logs;
 mod traces;
 
 /// Limits of the ingest path; each has a server flag.
@@ -78,17 +79,28 @@ impl RejectReason {
 pub struct IngestStats {
     pub spans_accepted: AtomicU64,
     pub spans_duplicate: AtomicU64,
-    /// Spans refused, indexed like [`RejectReason::ALL`]; whole-request refusals count requests.
+    pub logs_accepted: AtomicU64,
+    pub logs_duplicate: AtomicU64,
+    /// Spans and log records refused, indexed like [`RejectReason::ALL`]; whole-request refusals count requests.
     pub rejected: [AtomicU64; 8],
+    /// Log records refused by validation, indexed like [`RejectReason::ALL`] (a request
+    /// refused whole counts in `rejected`, whatever its signal).
+    pub logs_rejected: [AtomicU64; 8],
 }
 
 impl IngestStats {
     pub fn count_rejected(&self, reason: RejectReason, n: u64) {
-        let i = RejectReason::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .unwrap_or(0);
-        self.rejected[i].fetch_add(n, Ordering::Relaxed);
+        self.rejected[reason.index()].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn count_rejected_logs(&self, reason: RejectReason, n: u64) {
+        self.logs_rejected[reason.index()].fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl RejectReason {
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
     }
 }
 

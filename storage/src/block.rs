@@ -1,7 +1,9 @@
-//! Immutable columnar blocks: the rows of one tenant and one time window, sorted by trace id
-//! and start time, stored as one RocksDB value per column chunk.
+//! Immutable columnar blocks: the rows of one tenant, one signal and one time window, stored as
+//! one RocksDB value per column chunk. Span blocks ([`writer`], [`reader`]) are sorted by trace
+//! id and start time; log blocks ([`logs`]) by service and time.
 
 pub mod format;
+pub mod logs;
 pub mod packed;
 pub mod reader;
 pub mod writer;

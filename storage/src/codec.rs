@@ -12,6 +12,9 @@ use std::sync::Arc;
 use crate::error::{Result, StorageError};
 use crate::model::*;
 
+mod log;
+pub use log::{LOG_ROW_VERSION, decode_logs, encode_logs};
+
 pub const SPAN_ROW_VERSION: u8 = 1;
 
 #[derive(Default)]

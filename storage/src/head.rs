@@ -1,30 +1,31 @@
 //! The head: rows acknowledged since the last flush, kept in memory (and in the write-ahead
-//! column family) and queryable at once.
+//! column family) and queryable at once. One head per tenant and signal.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::model::{SpanId, SpanRecord, TraceId};
+use crate::model::{SpanRecord, TraceId};
+use crate::signal::Row;
 
-/// Accepted rows of one tenant, in the batches they arrived in.
-pub struct Head {
-    pub batches: Vec<Arc<Vec<SpanRecord>>>,
+/// Accepted rows of one tenant and signal, in the batches they arrived in.
+pub struct Head<R: Row> {
+    pub batches: Vec<Arc<Vec<R>>>,
     /// (batch, row) of each trace's rows.
     pub by_trace: FxHashMap<TraceId, Vec<(u32, u32)>>,
     /// Write-ahead keys of the batches, deleted when the head becomes a block.
     pub wal_keys: Vec<Vec<u8>>,
-    /// Span identities held or reserved by this head, so that a retried batch is stored once.
+    /// Row identities held or reserved by this head, so that a retried batch is stored once.
     /// (Fx hashing: ids are random already, and SipHash showed at 4.6% of ingest CPU.)
-    pub seen: FxHashSet<(TraceId, SpanId)>,
+    pub seen: FxHashSet<R::Id>,
     pub rows: usize,
     pub since: Option<Instant>,
-    /// The earliest start time of its rows (`u64::MAX` when empty), so that a read under a
+    /// The earliest time of its rows (`u64::MAX` when empty), so that a read under a
     /// retention cutoff filters the head only when some row is older.
     pub min_start: u64,
 }
 
-impl Default for Head {
+impl<R: Row> Default for Head<R> {
     fn default() -> Self {
         Self {
             batches: Vec::new(),
@@ -38,15 +39,14 @@ impl Default for Head {
     }
 }
 
-impl Head {
-    pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<SpanRecord>>, now: Instant) {
+impl<R: Row> Head<R> {
+    pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<R>>, now: Instant) {
         let b = self.batches.len() as u32;
-        for (i, span) in batch.iter().enumerate() {
-            self.by_trace
-                .entry(span.trace_id)
-                .or_default()
-                .push((b, i as u32));
-            self.min_start = self.min_start.min(span.start.0);
+        for (i, row) in batch.iter().enumerate() {
+            if let Some(trace) = row.trace_id() {
+                self.by_trace.entry(trace).or_default().push((b, i as u32));
+            }
+            self.min_start = self.min_start.min(row.time().0);
         }
         self.rows += batch.len();
         self.since.get_or_insert(now);
@@ -54,7 +54,7 @@ impl Head {
         self.batches.push(batch);
     }
 
-    pub fn trace(&self, trace: &TraceId) -> Vec<SpanRecord> {
+    pub fn trace(&self, trace: &TraceId) -> Vec<R> {
         self.by_trace
             .get(trace)
             .into_iter()
@@ -68,14 +68,22 @@ impl Head {
     }
 }
 
-/// A cheap, consistent view of a tenant's unflushed rows for a search.
-#[derive(Clone, Default)]
-pub struct HeadSnapshot {
-    pub batches: Vec<Arc<Vec<SpanRecord>>>,
+/// A cheap, consistent view of a tenant's unflushed rows for a read.
+#[derive(Clone)]
+pub struct HeadSnapshot<R = SpanRecord> {
+    pub batches: Vec<Arc<Vec<R>>>,
 }
 
-impl HeadSnapshot {
-    pub fn rows(&self) -> impl Iterator<Item = &SpanRecord> {
+impl<R> Default for HeadSnapshot<R> {
+    fn default() -> Self {
+        Self {
+            batches: Vec::new(),
+        }
+    }
+}
+
+impl<R> HeadSnapshot<R> {
+    pub fn rows(&self) -> impl Iterator<Item = &R> {
         self.batches.iter().flat_map(|b| b.iter())
     }
 }

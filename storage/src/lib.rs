@@ -16,6 +16,7 @@ pub mod keys;
 pub mod model;
 pub mod retention;
 pub mod schema;
+pub mod signal;
 pub mod store;
 pub mod summary;
 pub mod terms;

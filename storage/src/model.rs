@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 use crate::error::{Result, StorageError};
 
+mod log;
+pub use log::LogRecord;
+
 /// The tenant a row belongs to; the first component of every key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantId(String);
@@ -118,6 +121,71 @@ impl Value {
             Value::Array(a) => a.iter().map(Value::byte_len).sum(),
             Value::KvList(kv) => kv.iter().map(|kv| kv.key.len() + kv.value.byte_len()).sum(),
         }
+    }
+
+    /// An attribute value as map text: strings as they are, numbers and bools as SQL would print
+    /// them, arrays and maps as JSON.
+    pub fn text(&self) -> Option<String> {
+        Some(match self {
+            Value::Empty => return None,
+            Value::Str(s) => s.clone(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Double(d) => d.to_string(),
+            Value::Bytes(b) => hex::encode(b),
+            other => other.json(),
+        })
+    }
+
+    /// The value as JSON text (bytes as a hex string, non-finite floats as null).
+    pub fn json(&self) -> String {
+        fn go(v: &Value, out: &mut String) {
+            match v {
+                Value::Empty => out.push_str("null"),
+                Value::Str(s) => {
+                    out.push('"');
+                    for c in s.chars() {
+                        match c {
+                            '"' => out.push_str("\\\""),
+                            '\\' => out.push_str("\\\\"),
+                            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                            c => out.push(c),
+                        }
+                    }
+                    out.push('"');
+                }
+                Value::Bool(b) => out.push_str(&b.to_string()),
+                Value::Int(i) => out.push_str(&i.to_string()),
+                Value::Double(d) if d.is_finite() => out.push_str(&d.to_string()),
+                Value::Double(_) => out.push_str("null"),
+                Value::Bytes(b) => go(&Value::Str(hex::encode(b)), out),
+                Value::Array(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        go(item, out);
+                    }
+                    out.push(']');
+                }
+                Value::KvList(kvs) => {
+                    out.push('{');
+                    for (i, kv) in kvs.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        go(&Value::Str(kv.key.clone()), out);
+                        out.push(':');
+                        go(&kv.value, out);
+                    }
+                    out.push('}');
+                }
+            }
+        }
+        let mut out = String::new();
+        go(self, &mut out);
+        out
     }
 
     /// The value as an index term (strings, ints and bools only).

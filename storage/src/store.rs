@@ -23,15 +23,15 @@ use rocksdb::{
 
 use crate::block::format::{decode_postings, decode_traces, encode_traces};
 use crate::block::reader::{ChunkSource, Postings, Rows, TraceRuns};
-use crate::block::{BlockMeta, BlockReader, TraceEntry, build_block};
+use crate::block::{BlockMeta, BlockReader, TraceEntry};
 use crate::cache::Bounded;
 use crate::clock::{Clock, SystemClock};
-use crate::codec::{decode_spans, encode_spans};
 use crate::error::{Result, StorageError};
 use crate::head::{Head, HeadSnapshot};
 use crate::keys::{self, BlockAddr, Signal};
-use crate::model::{SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
+use crate::model::{LogRecord, SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
 use crate::retention::Retention;
+use crate::signal::Row;
 use crate::terms::{self, TermFilter};
 
 const CF_HEAD: &str = "head";
@@ -147,30 +147,28 @@ impl InFlight {
     }
 }
 
-type SpanKey = (TraceId, SpanId);
-
-/// What a request's spans are, against what the tenant holds: new ones it reserved (and must
+/// What a request's rows are, against what the tenant holds: new ones it reserved (and must
 /// write), ones another request is writing (to wait for), and ones already durable.
-struct Reserved {
-    fresh: Vec<SpanRecord>,
-    waits: Vec<(Arc<InFlight>, Vec<SpanRecord>)>,
+struct Reserved<R> {
+    fresh: Vec<R>,
+    waits: Vec<(Arc<InFlight>, Vec<R>)>,
     seq: u64,
 }
 
-#[derive(Default)]
-struct TenantState {
-    head: Head,
-    /// Spans reserved by write-ahead writes under way, each with its write.
-    in_flight: rustc_hash::FxHashMap<SpanKey, Arc<InFlight>>,
+/// One tenant's rows of one signal.
+struct TenantState<R: Row> {
+    head: Head<R>,
+    /// Rows reserved by write-ahead writes under way, each with its write.
+    in_flight: rustc_hash::FxHashMap<R::Id, Arc<InFlight>>,
     /// Rows replayed from the write-ahead at open and not flushed since: they do not count
     /// against `max_pending_rows`, so that a restart near the limit does not refuse every
     /// write until they are flushed (they are due at once).
     replayed: usize,
     /// The head being turned into blocks: still readable until its blocks are visible.
-    frozen: Option<Arc<Head>>,
-    /// Span identities of the last flushed head, so a retry arriving just after a flush is
+    frozen: Option<Arc<Head<R>>>,
+    /// Row identities of the last flushed head, so a retry arriving just after a flush is
     /// still stored once.
-    recent: rustc_hash::FxHashSet<(TraceId, SpanId)>,
+    recent: rustc_hash::FxHashSet<R::Id>,
     /// Copy-on-write, so a reader's snapshot is one reference count.
     blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
     /// When each window last received a flushed block (windows still being written are
@@ -178,29 +176,53 @@ struct TenantState {
     last_write: BTreeMap<u64, Instant>,
 }
 
+impl<R: Row> Default for TenantState<R> {
+    fn default() -> Self {
+        Self {
+            head: Head::default(),
+            in_flight: Default::default(),
+            replayed: 0,
+            frozen: None,
+            recent: Default::default(),
+            blocks: Default::default(),
+            last_write: BTreeMap::new(),
+        }
+    }
+}
+
 /// A consistent view of one tenant: the blocks and the unflushed rows as of one instant. A row
 /// is in exactly one of them, whatever flush is under way.
-#[derive(Clone, Default)]
-pub struct Snapshot {
+#[derive(Clone)]
+pub struct Snapshot<R = SpanRecord> {
     pub blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
-    pub head: HeadSnapshot,
+    pub head: HeadSnapshot<R>,
     /// The tenant's retention cutoff when the snapshot was taken: no row starting before it
     /// may be returned. Blocks wholly older and head rows older are already left out; a block
     /// that [`Self::straddles`] it must have its rows narrowed ([`Store::live_rows`]).
     pub cutoff: Option<UnixNanos>,
 }
 
-impl Snapshot {
+impl<R> Default for Snapshot<R> {
+    fn default() -> Self {
+        Self {
+            blocks: Default::default(),
+            head: HeadSnapshot::default(),
+            cutoff: None,
+        }
+    }
+}
+
+impl<R> Snapshot<R> {
     /// Whether some rows of a block are older than the cutoff (and some not).
     pub fn straddles(&self, meta: &BlockMeta) -> bool {
         self.cutoff.is_some_and(|c| meta.min_start < c.0)
     }
 }
 
-impl TenantState {
+impl<R: Row> TenantState<R> {
     /// Puts a head whose flush failed back in front of the head (its rows are still in the
     /// write-ahead), so that they stay readable and are flushed again.
-    fn unfreeze(&mut self, head: &Head) {
+    fn unfreeze(&mut self, head: &Head<R>) {
         let mut restored = Head::default();
         let now = Instant::now();
         for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
@@ -222,18 +244,20 @@ impl TenantState {
     fn admitted_rows(&self) -> usize {
         self.pending_rows().saturating_sub(self.replayed)
     }
-    /// Whether a span is durable in the head, the head being flushed or the last flushed one.
-    fn is_known(&self, key: &(TraceId, SpanId)) -> bool {
+    /// Whether a row is durable in the head, the head being flushed or the last flushed one.
+    fn is_known(&self, key: &R::Id) -> bool {
         self.head.seen.contains(key)
             || self.recent.contains(key)
             || self.frozen.as_ref().is_some_and(|f| f.seen.contains(key))
     }
 }
 
+/// Each signal's tenants.
 #[derive(Default)]
 struct State {
-    tenants: HashMap<TenantId, TenantState>,
-    /// Blocks out of retention, deleted once no reader holds them.
+    spans: HashMap<TenantId, TenantState<SpanRecord>>,
+    logs: HashMap<TenantId, TenantState<LogRecord>>,
+    /// Blocks merged or out of retention, deleted once no reader holds them.
     retired: Vec<retire::Retired>,
     next_seq: u64,
     next_block: u64,
@@ -275,7 +299,7 @@ pub struct Store {
 type FlushHook = Arc<dyn Fn(&TenantId) + Send + Sync>;
 
 #[cfg(test)]
-type WriteHook = Arc<dyn Fn(&[SpanRecord]) -> Result<()> + Send + Sync>;
+type WriteHook = Arc<dyn Fn(usize) -> Result<()> + Send + Sync>;
 
 /// Column-chunk footers kept in memory (a few KiB each).
 const FOOTER_CACHE_ENTRIES: usize = 16_384;
@@ -417,7 +441,7 @@ impl Store {
         }
     }
 
-    /// Loads block metas and replays the write-ahead head.
+    /// Loads block metas and replays the write-ahead heads.
     fn recover(&self) -> Result<()> {
         self.check_format()?;
         let mut state = self.lock();
@@ -427,45 +451,42 @@ impl Store {
             if *key == *keys::FORMAT {
                 continue;
             }
-            if keys::split(&key).is_some_and(|p| p.kind == keys::GRAVE) {
-                let (tenant, rest) = spans_key(&key, "grave key")?;
-                let addr = keys::read_addr(rest)
-                    .ok_or_else(|| StorageError::corrupt("grave key", hex::encode(&key)))?;
-                state.next_block = state.next_block.max(addr.block + 1);
-                graves.push((TenantId::new(tenant)?, addr));
+            let parts = keys::split(&key)
+                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            let addr = keys::read_addr(parts.rest)
+                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            let tenant = TenantId::new(parts.tenant)?;
+            state.next_block = state.next_block.max(addr.block + 1);
+            if parts.kind == keys::GRAVE {
+                graves.push((tenant, parts.signal, addr));
                 continue;
             }
-            let (tenant, rest) = spans_key(&key, "meta key")?;
-            let addr = keys::read_addr(rest)
-                .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
-            let tenant = TenantId::new(tenant)?;
             let meta = Arc::new(BlockMeta::decode(&value)?);
-            state.next_block = state.next_block.max(addr.block + 1);
-            Arc::make_mut(&mut state.tenants.entry(tenant).or_default().blocks).insert(addr, meta);
+            match parts.signal {
+                Signal::Spans => SpanRecord::insert_block(&mut state, tenant, addr, meta),
+                Signal::Logs => LogRecord::insert_block(&mut state, tenant, addr, meta),
+                Signal::Metrics => return Err(unreadable("meta key", parts.signal)),
+            }
         }
         let now = Instant::now();
         for item in self.db.iterator_cf(self.cf(CF_HEAD), IteratorMode::Start) {
             let (key, value) = item?;
-            let (tenant, rest) = spans_key(&key, "head key")?;
-            let seq = keys::read_u64(rest)
+            let parts = keys::split(&key)
                 .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
-            let spans = decode_spans(&value)?;
-            let t = state.tenants.entry(TenantId::new(tenant)?).or_default();
-            t.head
-                .seen
-                .extend(spans.iter().map(|s| (s.trace_id, s.span_id)));
-            t.head.push(key.to_vec(), Arc::new(spans), now);
+            let seq = keys::read_u64(parts.rest)
+                .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
+            let tenant = TenantId::new(parts.tenant)?;
+            match parts.signal {
+                Signal::Spans => SpanRecord::replay(&mut state, tenant, &key, &value, now)?,
+                Signal::Logs => LogRecord::replay(&mut state, tenant, &key, &value, now)?,
+                Signal::Metrics => return Err(unreadable("head key", parts.signal)),
+            }
             state.next_seq = state.next_seq.max(seq + 1);
         }
         let due = now.checked_sub(self.opts.flush_age).unwrap_or(now);
-        for t in state.tenants.values_mut() {
-            t.replayed = t.head.rows;
-            if t.replayed > 0 {
-                t.head.since = Some(due);
-            }
-        }
-        let replayed: usize = state.tenants.values().map(|t| t.head.rows).sum();
-        let blocks: usize = state.tenants.values().map(|t| t.blocks.len()).sum();
+        let replayed =
+            SpanRecord::after_replay(&mut state, due) + LogRecord::after_replay(&mut state, due);
+        let blocks = self.block_count_in(&state);
         drop(state);
         if !graves.is_empty() {
             // blocks merged or expired before the process stopped, their data not yet deleted
@@ -485,26 +506,36 @@ impl Store {
     /// that another request is writing right now are waited for, so that the answer is given
     /// only once every span of the request is durable, whichever request wrote it.
     pub fn append(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<AppendOutcome> {
+        self.append_rows(tenant, spans)
+    }
+
+    /// [`Self::append`] for log records (a record equal in every field to one already held,
+    /// at the same nanosecond, is a retry and is stored once).
+    pub fn append_logs(&self, tenant: &TenantId, logs: Vec<LogRecord>) -> Result<AppendOutcome> {
+        self.append_rows(tenant, logs)
+    }
+
+    fn append_rows<R: Lane>(&self, tenant: &TenantId, rows: Vec<R>) -> Result<AppendOutcome> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StorageError::ShuttingDown);
         }
-        let total = spans.len();
+        let total = rows.len();
         let mut stored = 0;
-        let mut spans = spans;
+        let mut rows = rows;
         loop {
-            let reserved = self.reserve(tenant, spans)?;
+            let reserved = self.reserve(tenant, rows)?;
             stored += reserved.fresh.len();
             if !reserved.fresh.is_empty() {
                 self.write_ahead(tenant, reserved.seq, reserved.fresh)?;
             }
-            // a write that failed left its spans unreserved: this request writes them
-            spans = reserved
+            // a write that failed left its rows unreserved: this request writes them
+            rows = reserved
                 .waits
                 .into_iter()
                 .filter(|(write, _)| !write.wait())
-                .flat_map(|(_, spans)| spans)
+                .flat_map(|(_, rows)| rows)
                 .collect();
-            if spans.is_empty() {
+            if rows.is_empty() {
                 break;
             }
         }
@@ -518,15 +549,15 @@ impl Store {
         Ok(outcome)
     }
 
-    /// Sorts a request's spans into new (reserved for this request's write), being written by
+    /// Sorts a request's rows into new (reserved for this request's write), being written by
     /// another request, and durable already; refuses when the tenant's head is full.
-    fn reserve(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<Reserved> {
-        let total = spans.len();
-        let stored = self.stored_span_ids(tenant, &spans)?;
+    fn reserve<R: Lane>(&self, tenant: &TenantId, rows: Vec<R>) -> Result<Reserved<R>> {
+        let total = rows.len();
+        let stored = R::stored_ids(self, tenant, &rows)?;
         let mut state = self.lock();
         let seq = state.next_seq;
         state.next_seq += 1;
-        let t = state.tenants.entry(tenant.clone()).or_default();
+        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let pending = t.admitted_rows();
         if pending + total > self.opts.max_pending_rows && pending > 0 {
             self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
@@ -541,15 +572,15 @@ impl Store {
             waits: Vec::new(),
             seq,
         };
-        for span in spans {
-            let id = (span.trace_id, span.span_id);
+        for row in rows {
+            let id = row.id();
             if stored.contains(&id) || t.is_known(&id) {
                 continue;
             }
             match t.in_flight.entry(id) {
                 std::collections::hash_map::Entry::Vacant(slot) => {
                     slot.insert(mine.clone());
-                    reserved.fresh.push(span);
+                    reserved.fresh.push(row);
                 }
                 // twice in this request: its first copy is written with the rest
                 std::collections::hash_map::Entry::Occupied(w) if Arc::ptr_eq(w.get(), &mine) => {}
@@ -560,8 +591,8 @@ impl Store {
                         .iter_mut()
                         .find(|(x, _)| Arc::ptr_eq(x, write))
                     {
-                        Some((_, spans)) => spans.push(span),
-                        None => reserved.waits.push((write.clone(), vec![span])),
+                        Some((_, rows)) => rows.push(row),
+                        None => reserved.waits.push((write.clone(), vec![row])),
                     }
                 }
             }
@@ -569,25 +600,25 @@ impl Store {
         Ok(reserved)
     }
 
-    /// Writes reserved spans to the write-ahead head (synced), then makes them visible and
+    /// Writes reserved rows to the write-ahead head (synced), then makes them visible and
     /// releases their reservation, waking the requests that wait for them.
-    fn write_ahead(&self, tenant: &TenantId, seq: u64, fresh: Vec<SpanRecord>) -> Result<()> {
-        let key = keys::head(tenant, SPANS, seq);
+    fn write_ahead<R: Lane>(&self, tenant: &TenantId, seq: u64, fresh: Vec<R>) -> Result<()> {
+        let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
-        let written = self.write_hook(&fresh).and_then(|()| {
+        let written = self.write_hook(fresh.len()).and_then(|()| {
             Ok(self
                 .db
-                .put_cf_opt(self.cf(CF_HEAD), &key, encode_spans(&fresh), &self.sync)?)
+                .put_cf_opt(self.cf(CF_HEAD), &key, R::encode_rows(&fresh), &self.sync)?)
         });
         self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .wal_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut state = self.lock();
-        let t = state.tenants.entry(tenant.clone()).or_default();
+        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mut write = None;
-        for s in &fresh {
-            let id = (s.trace_id, s.span_id);
+        for row in &fresh {
+            let id = row.id();
             if written.is_ok() {
                 t.head.seen.insert(id);
             }
@@ -612,15 +643,15 @@ impl Store {
     }
 
     #[cfg(not(test))]
-    fn write_hook(&self, _: &[SpanRecord]) -> Result<()> {
+    fn write_hook(&self, _: usize) -> Result<()> {
         Ok(())
     }
 
     /// Tests make a write-ahead write wait or fail here.
     #[cfg(test)]
-    fn write_hook(&self, spans: &[SpanRecord]) -> Result<()> {
+    fn write_hook(&self, rows: usize) -> Result<()> {
         let hook = self.test_write_hook.lock().unwrap().clone();
-        hook.map_or(Ok(()), |h| h(spans))
+        hook.map_or(Ok(()), |h| h(rows))
     }
 
     /// Identities of the given spans that blocks already hold (a retry of a batch that was
@@ -635,7 +666,7 @@ impl Store {
         let mut out = rustc_hash::FxHashSet::default();
         let blocks = {
             let state = self.lock();
-            match state.tenants.get(tenant) {
+            match state.spans.get(tenant) {
                 Some(t) if !t.blocks.is_empty() => t.blocks.clone(),
                 _ => return Ok(out),
             }
@@ -653,26 +684,33 @@ impl Store {
         Ok(out)
     }
 
-    /// Whether any tenant's head is due for a flush.
+    /// Whether any tenant's head (of any signal) is due for a flush.
     pub fn flush_due(&self) -> bool {
         let state = self.lock();
-        state.tenants.values().any(|t| self.head_due(&t.head))
+        state.spans.values().any(|t| self.head_due(&t.head))
+            || state.logs.values().any(|t| self.head_due(&t.head))
     }
 
-    fn head_due(&self, head: &Head) -> bool {
+    fn head_due<R: Row>(&self, head: &Head<R>) -> bool {
         head.rows >= self.opts.flush_rows
             || head
                 .since
                 .is_some_and(|s| s.elapsed() >= self.opts.flush_age)
     }
 
-    /// Turns due heads (all non-empty heads when `force`) into blocks.
+    /// Turns due heads (all non-empty heads when `force`) of every signal into blocks.
     pub fn flush(&self, force: bool) -> Result<usize> {
         let _one_at_a_time = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let frozen: Vec<(TenantId, Arc<Head>)> = {
+        let spans = self.flush_signal::<SpanRecord>(force);
+        let logs = self.flush_signal::<LogRecord>(force);
+        Ok(spans? + logs?)
+    }
+
+    /// Flushes the due heads of one signal.
+    fn flush_signal<R: Lane>(&self, force: bool) -> Result<usize> {
+        let frozen: Vec<(TenantId, Arc<Head<R>>)> = {
             let mut state = self.lock();
-            state
-                .tenants
+            R::lanes_mut(&mut state)
                 .iter_mut()
                 .filter(|(_, t)| !t.head.is_empty() && (force || self.head_due(&t.head)))
                 .map(|(tenant, t)| {
@@ -695,7 +733,7 @@ impl Store {
                     })
                 });
             let mut state = self.lock();
-            let t = state.tenants.entry(tenant.clone()).or_default();
+            let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
             match result {
                 Ok(written) => {
                     blocks += written.len();
@@ -712,7 +750,7 @@ impl Store {
                     t.replayed = 0;
                 }
                 Err(e) => {
-                    tracing::error!(tenant = %tenant, error = %e, rows = head.rows, "flush failed; the rows stay in the write-ahead head");
+                    tracing::error!(tenant = %tenant, signal = R::SIGNAL.name(), error = %e, rows = head.rows, "flush failed; the rows stay in the write-ahead head");
                     t.unfreeze(&head);
                     first_error.get_or_insert(e);
                 }
@@ -721,10 +759,10 @@ impl Store {
         first_error.map_or(Ok(blocks), Err)
     }
 
-    fn flush_head(
+    fn flush_head<R: Row>(
         &self,
         tenant: &TenantId,
-        head: &Head,
+        head: &Head<R>,
     ) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
         #[cfg(test)]
         {
@@ -735,23 +773,23 @@ impl Store {
         }
         let started = Instant::now();
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
-        let mut by_window: BTreeMap<u64, Vec<&SpanRecord>> = BTreeMap::new();
-        for span in head.batches.iter().flat_map(|b| b.iter()) {
-            let window = span.start.0 / window_ns * window_ns;
-            by_window.entry(window).or_default().push(span);
+        let mut by_window: BTreeMap<u64, Vec<&R>> = BTreeMap::new();
+        for row in head.batches.iter().flat_map(|b| b.iter()) {
+            let window = row.time().0 / window_ns * window_ns;
+            by_window.entry(window).or_default().push(row);
         }
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
         let mut rows = 0u64;
-        for (window, spans) in by_window {
-            for part in split_at_traces(spans, self.opts.flush_rows) {
+        for (window, in_window) in by_window {
+            for part in R::split(in_window, self.opts.flush_rows) {
                 let addr = BlockAddr {
                     window,
                     block: self.next_block_id(),
                 };
                 rows += part.len() as u64;
-                let built = build_block(part)?;
-                self.stage_block(&mut batch, tenant, addr, &built)?;
+                let built = R::build_block(part)?;
+                self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
                 self.stats
                     .block_bytes_written
                     .fetch_add(built.meta.total_bytes(), Ordering::Relaxed);
@@ -770,7 +808,7 @@ impl Store {
         self.stats
             .flush_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        tracing::debug!(tenant = %tenant, blocks = written.len(), rows, "head flushed");
+        tracing::debug!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = written.len(), rows, "head flushed");
         Ok(written)
     }
 
@@ -784,28 +822,29 @@ impl Store {
         &self,
         batch: &mut WriteBatch,
         tenant: &TenantId,
+        signal: Signal,
         addr: BlockAddr,
         built: &crate::block::BuiltBlock,
     ) -> Result<()> {
         let data = self.cf(CF_DATA);
         for (column, bytes) in &built.chunks {
-            batch.put_cf(data, keys::chunk(tenant, SPANS, addr, column), bytes);
+            batch.put_cf(data, keys::chunk(tenant, signal, addr, column), bytes);
         }
         for (dim, bytes) in &built.postings {
-            batch.put_cf(data, keys::postings(tenant, SPANS, addr, dim), bytes);
+            batch.put_cf(data, keys::postings(tenant, signal, addr, dim), bytes);
         }
         batch.put_cf(
             data,
-            keys::block_key(tenant, SPANS, keys::TRACES, addr),
+            keys::block_key(tenant, signal, keys::TRACES, addr),
             encode_traces(&built.traces),
         );
         for entry in &built.traces {
-            let key = keys::trace_id(tenant, SPANS, &entry.trace_id, addr);
+            let key = keys::trace_id(tenant, signal, &entry.trace_id, addr);
             batch.put_cf(data, key, encode_traces(std::slice::from_ref(entry)));
         }
         batch.put_cf(
             self.cf(CF_META),
-            keys::block_key(tenant, SPANS, keys::META, addr),
+            keys::block_key(tenant, signal, keys::META, addr),
             built.meta.encode(),
         );
         Ok(())
@@ -815,7 +854,7 @@ impl Store {
     pub fn trace(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<SpanRecord>> {
         let (mut spans, blocks) = {
             let state = self.lock();
-            let Some(t) = state.tenants.get(tenant) else {
+            let Some(t) = state.spans.get(tenant) else {
                 return Ok(Vec::new());
             };
             let mut spans = t.head.trace(trace);
@@ -885,13 +924,23 @@ impl Store {
             .collect()
     }
 
-    /// The blocks and the unflushed rows (head and the head being flushed) of a tenant, as of
-    /// one instant. Queries that read both go through one snapshot, so no row shows twice.
+    /// The span blocks and the unflushed spans (head and the head being flushed) of a
+    /// tenant, as of one instant. Queries that read both go through one snapshot, so no row
+    /// shows twice.
     pub fn snapshot(&self, tenant: &TenantId) -> Snapshot {
-        let cutoff = self.cutoff(tenant, SPANS);
+        self.snapshot_of(tenant)
+    }
+
+    /// [`Self::snapshot`] of a tenant's log records.
+    pub fn log_snapshot(&self, tenant: &TenantId) -> Snapshot<LogRecord> {
+        self.snapshot_of(tenant)
+    }
+
+    fn snapshot_of<R: Lane>(&self, tenant: &TenantId) -> Snapshot<R> {
+        let cutoff = self.cutoff(tenant, R::SIGNAL);
         let (blocks, mut head, head_min) = {
             let state = self.lock();
-            let Some(t) = state.tenants.get(tenant) else {
+            let Some(t) = R::lanes(&state).get(tenant) else {
                 return Snapshot {
                     cutoff,
                     ..Default::default()
@@ -927,7 +976,7 @@ impl Store {
             head.batches = head
                 .batches
                 .into_iter()
-                .map(|b| Arc::new(b.iter().filter(|s| s.start >= c).cloned().collect()))
+                .map(|b| Arc::new(b.iter().filter(|r| r.time() >= c).cloned().collect()))
                 .collect();
         }
         Snapshot {
@@ -969,9 +1018,21 @@ impl Store {
         ))
     }
 
+    /// A reader of one span block.
     pub fn block_reader<'m>(
         &'m self,
         tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &'m BlockMeta,
+    ) -> BlockReader<'m, ChunkFetcher<'m>> {
+        self.reader_of(tenant, SPANS, addr, meta)
+    }
+
+    /// A reader of one block of any signal.
+    pub fn reader_of<'m>(
+        &'m self,
+        tenant: &TenantId,
+        signal: Signal,
         addr: BlockAddr,
         meta: &'m BlockMeta,
     ) -> BlockReader<'m, ChunkFetcher<'m>> {
@@ -980,6 +1041,7 @@ impl Store {
             ChunkFetcher {
                 store: self,
                 tenant: tenant.clone(),
+                signal,
                 addr,
             },
         )
@@ -987,7 +1049,16 @@ impl Store {
 
     /// The per-trace summaries of a block.
     pub fn block_traces(&self, tenant: &TenantId, addr: BlockAddr) -> Result<Vec<TraceEntry>> {
-        let key = keys::block_key(tenant, SPANS, keys::TRACES, addr);
+        self.block_traces_in(tenant, SPANS, addr)
+    }
+
+    fn block_traces_in(
+        &self,
+        tenant: &TenantId,
+        signal: Signal,
+        addr: BlockAddr,
+    ) -> Result<Vec<TraceEntry>> {
+        let key = keys::block_key(tenant, signal, keys::TRACES, addr);
         match self.db.get_pinned_cf(self.cf(CF_DATA), key)? {
             Some(v) => decode_traces(&v),
             None => Err(StorageError::corrupt("block", "trace summaries missing")),
@@ -1029,7 +1100,18 @@ impl Store {
         addr: BlockAddr,
         dim: &str,
     ) -> Result<Arc<Vec<(String, RoaringBitmap)>>> {
-        let key = keys::postings(tenant, SPANS, addr, dim);
+        self.dimension_in(tenant, SPANS, addr, dim)
+    }
+
+    /// [`Self::dimension_shared`] of a block of any signal.
+    pub fn dimension_in(
+        &self,
+        tenant: &TenantId,
+        signal: Signal,
+        addr: BlockAddr,
+        dim: &str,
+    ) -> Result<Arc<Vec<(String, RoaringBitmap)>>> {
+        let key = keys::postings(tenant, signal, addr, dim);
         if let Some(d) = self.postings.get(&key) {
             return Ok(d);
         }
@@ -1129,16 +1211,26 @@ impl Store {
         Ok(())
     }
 
+    /// Rows of every signal not yet in blocks.
     pub fn pending_rows(&self) -> usize {
-        self.lock()
-            .tenants
-            .values()
-            .map(TenantState::pending_rows)
-            .sum()
+        let state = self.lock();
+        let spans: usize = state.spans.values().map(TenantState::pending_rows).sum();
+        spans
+            + state
+                .logs
+                .values()
+                .map(TenantState::pending_rows)
+                .sum::<usize>()
     }
 
+    /// Blocks of every signal.
     pub fn block_count(&self) -> usize {
-        self.lock().tenants.values().map(|t| t.blocks.len()).sum()
+        self.block_count_in(&self.lock())
+    }
+
+    fn block_count_in(&self, state: &State) -> usize {
+        let spans: usize = state.spans.values().map(|t| t.blocks.len()).sum();
+        spans + state.logs.values().map(|t| t.blocks.len()).sum::<usize>()
     }
 
     /// Stops accepting appends and flushes everything held in memory.
@@ -1155,42 +1247,91 @@ impl Store {
     }
 }
 
-/// The tenant and the rest of a key of the span signal (the only signal this build reads).
-fn spans_key<'k>(key: &'k [u8], what: &'static str) -> Result<(&'k str, &'k [u8])> {
-    match keys::split(key) {
-        Some(p) if p.signal == SPANS => Ok((p.tenant, p.rest)),
-        Some(p) => Err(StorageError::corrupt(
-            what,
-            format!("signal {} has no reader in this build", p.signal.name()),
-        )),
-        None => Err(StorageError::corrupt(what, hex::encode(key))),
+fn unreadable(what: &'static str, signal: Signal) -> StorageError {
+    StorageError::corrupt(
+        what,
+        format!("signal {} has no reader in this build", signal.name()),
+    )
+}
+
+/// A signal's place in the store's state, and what its rows need of the store. Private: the
+/// public API names each signal's rows.
+trait Lane: Row {
+    fn lanes(state: &State) -> &HashMap<TenantId, TenantState<Self>>;
+    fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>>;
+    /// Identities of `rows` that blocks already hold (a retry of a batch flushed since the
+    /// last flush but one); a signal without a row index answers from the heads alone.
+    fn stored_ids(
+        _store: &Store,
+        _tenant: &TenantId,
+        _rows: &[Self],
+    ) -> Result<rustc_hash::FxHashSet<Self::Id>> {
+        Ok(Default::default())
+    }
+
+    fn insert_block(state: &mut State, tenant: TenantId, addr: BlockAddr, meta: Arc<BlockMeta>) {
+        let t = Self::lanes_mut(state).entry(tenant).or_default();
+        Arc::make_mut(&mut t.blocks).insert(addr, meta);
+    }
+
+    fn replay(
+        state: &mut State,
+        tenant: TenantId,
+        key: &[u8],
+        value: &[u8],
+        now: Instant,
+    ) -> Result<()> {
+        let rows = Self::decode_rows(value)?;
+        let t = Self::lanes_mut(state).entry(tenant).or_default();
+        t.head.seen.extend(rows.iter().map(Row::id));
+        t.head.push(key.to_vec(), Arc::new(rows), now);
+        Ok(())
+    }
+
+    /// Marks replayed rows as such and due at once; returns how many there are.
+    fn after_replay(state: &mut State, due: Instant) -> usize {
+        let mut total = 0;
+        for t in Self::lanes_mut(state).values_mut() {
+            t.replayed = t.head.rows;
+            if t.replayed > 0 {
+                t.head.since = Some(due);
+            }
+            total += t.replayed;
+        }
+        total
     }
 }
 
-/// Splits sorted-by-nothing rows into parts of at most `max` rows, never splitting a trace
-/// unless a single trace alone exceeds `max`.
-fn split_at_traces(mut rows: Vec<&SpanRecord>, max: usize) -> Vec<Vec<&SpanRecord>> {
-    if rows.len() <= max {
-        return vec![rows];
+impl Lane for SpanRecord {
+    fn lanes(state: &State) -> &HashMap<TenantId, TenantState<Self>> {
+        &state.spans
     }
-    rows.sort_by_key(|s| (s.trace_id, s.start));
-    let mut parts = Vec::new();
-    let mut current: Vec<&SpanRecord> = Vec::new();
-    for span in rows {
-        let boundary = current.last().is_some_and(|l| l.trace_id != span.trace_id);
-        if current.len() >= max && (boundary || current.len() >= 2 * max) {
-            parts.push(std::mem::take(&mut current));
-        }
-        current.push(span);
+    fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>> {
+        &mut state.spans
     }
-    parts.push(current);
-    parts
+    fn stored_ids(
+        store: &Store,
+        tenant: &TenantId,
+        rows: &[Self],
+    ) -> Result<rustc_hash::FxHashSet<Self::Id>> {
+        store.stored_span_ids(tenant, rows)
+    }
+}
+
+impl Lane for LogRecord {
+    fn lanes(state: &State) -> &HashMap<TenantId, TenantState<Self>> {
+        &state.logs
+    }
+    fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>> {
+        &mut state.logs
+    }
 }
 
 /// Reads column chunks of one block from RocksDB.
 pub struct ChunkFetcher<'a> {
     store: &'a Store,
     tenant: TenantId,
+    signal: Signal,
     addr: BlockAddr,
 }
 
@@ -1198,11 +1339,11 @@ impl ChunkSource for ChunkFetcher<'_> {
     fn metadata(&self, column: &str) -> Option<ArrowReaderMetadata> {
         self.store
             .footers
-            .get(&keys::chunk(&self.tenant, SPANS, self.addr, column))
+            .get(&keys::chunk(&self.tenant, self.signal, self.addr, column))
     }
 
     fn remember(&self, column: &str, metadata: &ArrowReaderMetadata) {
-        let key = keys::chunk(&self.tenant, SPANS, self.addr, column);
+        let key = keys::chunk(&self.tenant, self.signal, self.addr, column);
         self.store.footers.insert(key, 1, metadata.clone());
     }
 
@@ -1211,7 +1352,9 @@ impl ChunkSource for ChunkFetcher<'_> {
         if let Some(runs) = self.store.trace_runs.get(&key) {
             return Ok(Some(runs));
         }
-        let entries = self.store.block_traces(&self.tenant, self.addr)?;
+        let entries = self
+            .store
+            .block_traces_in(&self.tenant, self.signal, self.addr)?;
         let runs = Arc::new(TraceRuns::new(
             entries.iter().map(|t| (t.row_start, t.trace_id)).collect(),
         ));
@@ -1221,12 +1364,12 @@ impl ChunkSource for ChunkFetcher<'_> {
 
     fn postings(&self, dim: &str) -> Result<Option<Arc<Postings>>> {
         self.store
-            .dimension_shared(&self.tenant, self.addr, dim)
+            .dimension_in(&self.tenant, self.signal, self.addr, dim)
             .map(Some)
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {
-        let key = keys::chunk(&self.tenant, SPANS, self.addr, column);
+        let key = keys::chunk(&self.tenant, self.signal, self.addr, column);
         if let Some(bytes) = self.store.chunks.get(&key) {
             return Ok(Some(bytes));
         }
@@ -1247,7 +1390,10 @@ impl ChunkSource for ChunkFetcher<'_> {
 }
 
 mod expire;
+mod logs;
 mod merge;
 mod retire;
+
+pub use logs::LogScan;
 #[cfg(test)]
 mod tests;

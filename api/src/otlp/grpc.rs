@@ -1,8 +1,12 @@
-//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export`, gzip accepted.
+//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export` and
+//! `opentelemetry.proto.collector.logs.v1.LogsService/Export`, gzip accepted.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -10,6 +14,9 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 use weft_ingest::IngestError;
+use weft_ingest::otlp::logs::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use weft_ingest::otlp::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -17,9 +24,30 @@ use weft_ingest::otlp::{
 use super::status::{RpcStatus, retry_info};
 use crate::error::Class;
 use crate::state::{AppState, TENANT_HEADER, tenant_from};
+use weft_storage::model::TenantId;
 
 pub struct TraceReceiver {
     state: Arc<AppState>,
+}
+
+pub struct LogReceiver {
+    state: Arc<AppState>,
+}
+
+pub fn logs_service(state: Arc<AppState>) -> LogsServiceServer<LogReceiver> {
+    let limit = state.ingester.limits().max_body_bytes;
+    LogsServiceServer::new(LogReceiver { state })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(limit)
+}
+
+fn tenant_of<T>(request: &Request<T>) -> Result<TenantId, Status> {
+    let tenant_value = request
+        .metadata()
+        .get(TENANT_HEADER)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    tenant_from(tenant_value).map_err(Status::invalid_argument)
 }
 
 pub fn service(state: Arc<AppState>) -> TraceServiceServer<TraceReceiver> {
@@ -56,11 +84,7 @@ impl TraceService for TraceReceiver {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         let started = Instant::now();
-        let tenant_value = request
-            .metadata()
-            .get(TENANT_HEADER)
-            .map(|v| v.to_str().unwrap_or("\u{fffd}"));
-        let tenant = tenant_from(tenant_value).map_err(Status::invalid_argument)?;
+        let tenant = tenant_of(&request)?;
         let req = request.into_inner();
         let size = req.encoded_len();
         let result = self.state.ingester.export(tenant, req, size).await;
@@ -75,5 +99,28 @@ impl TraceService for TraceReceiver {
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success,
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for LogReceiver {
+    async fn export(
+        &self,
+        request: Request<ExportLogsServiceRequest>,
+    ) -> Result<Response<ExportLogsServiceResponse>, Status> {
+        let started = Instant::now();
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let size = req.encoded_len();
+        let result = self.state.ingester.export_logs(tenant, req, size).await;
+        self.state
+            .requests
+            .observe("grpc LogsService/Export", started.elapsed());
+        let outcome = result.map_err(|e| to_status(&e))?;
+        let partial_success = (outcome.rejected > 0).then(|| ExportLogsPartialSuccess {
+            rejected_log_records: outcome.rejected as i64,
+            error_message: outcome.error_message.unwrap_or_default(),
+        });
+        Ok(Response::new(ExportLogsServiceResponse { partial_success }))
     }
 }

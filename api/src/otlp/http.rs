@@ -1,5 +1,6 @@
-//! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json` bodies,
-//! optionally gzip-compressed. The answer uses the request's content type.
+//! OTLP/HTTP: `POST /v1/traces` and `POST /v1/logs` with `application/x-protobuf` or
+//! `application/json` bodies, optionally gzip-compressed. The answer uses the request's
+//! content type.
 
 use axum::Router;
 use axum::body::Body;
@@ -10,6 +11,7 @@ use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prost::Message;
 use serde_json::json;
+use weft_ingest::otlp::logs::{ExportLogsPartialSuccess, ExportLogsServiceResponse};
 use weft_ingest::otlp::{ExportTracePartialSuccess, ExportTraceServiceResponse};
 use weft_ingest::{ExportOutcome, Format, IngestError, body};
 
@@ -20,6 +22,7 @@ use crate::state::{SharedState, TENANT_HEADER, tenant_from};
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/traces", post(export_traces))
+        .route("/v1/logs", post(export_logs))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::metrics::track_latency,
@@ -48,19 +51,35 @@ fn format_of(headers: &HeaderMap) -> Result<Format, IngestError> {
     }
 }
 
-async fn export_traces(
+/// The signal an export carries.
+#[derive(Clone, Copy)]
+enum Signal {
+    Traces,
+    Logs,
+}
+
+async fn export_traces(state: State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+    export(state, headers, body, Signal::Traces).await
+}
+
+async fn export_logs(state: State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+    export(state, headers, body, Signal::Logs).await
+}
+
+async fn export(
     State(state): State<SharedState>,
     headers: HeaderMap,
     body: Body,
+    signal: Signal,
 ) -> Response {
     let format = format_of(&headers);
     let answer_format = *format.as_ref().unwrap_or(&Format::Json);
     let result = match format {
-        Ok(format) => ingest(&state, &headers, body, format).await,
+        Ok(format) => ingest(&state, &headers, body, format, signal).await,
         Err(e) => Err(e),
     };
     match result {
-        Ok(outcome) => success(answer_format, &outcome),
+        Ok(outcome) => success(answer_format, &outcome, signal),
         Err(e) => failure(answer_format, &e),
     }
 }
@@ -70,6 +89,7 @@ async fn ingest(
     headers: &HeaderMap,
     body: Body,
     format: Format,
+    signal: Signal,
 ) -> Result<ExportOutcome, IngestError> {
     let limit = state.ingester.limits().max_body_bytes;
     let tenant_header = headers
@@ -95,26 +115,48 @@ async fn ingest(
         }
     })?;
     let decoded = body::decode(raw.to_bytes(), encoding, limit)?;
-    state.ingester.export_bytes(tenant, decoded, format).await
+    match signal {
+        Signal::Traces => state.ingester.export_bytes(tenant, decoded, format).await,
+        Signal::Logs => {
+            state
+                .ingester
+                .export_logs_bytes(tenant, decoded, format)
+                .await
+        }
+    }
 }
 
-fn success(format: Format, outcome: &ExportOutcome) -> Response {
-    let partial = (outcome.rejected > 0).then(|| ExportTracePartialSuccess {
-        rejected_spans: outcome.rejected as i64,
-        error_message: outcome.error_message.clone().unwrap_or_default(),
-    });
+fn success(format: Format, outcome: &ExportOutcome, signal: Signal) -> Response {
+    let rejected = (outcome.rejected > 0).then_some(outcome.rejected as i64);
+    let message = outcome.error_message.clone().unwrap_or_default();
     match format {
         Format::Protobuf => {
-            let body = ExportTraceServiceResponse {
-                partial_success: partial,
-            }
-            .encode_to_vec();
+            let body = match signal {
+                Signal::Traces => ExportTraceServiceResponse {
+                    partial_success: rejected.map(|n| ExportTracePartialSuccess {
+                        rejected_spans: n,
+                        error_message: message,
+                    }),
+                }
+                .encode_to_vec(),
+                Signal::Logs => ExportLogsServiceResponse {
+                    partial_success: rejected.map(|n| ExportLogsPartialSuccess {
+                        rejected_log_records: n,
+                        error_message: message,
+                    }),
+                }
+                .encode_to_vec(),
+            };
             ([(header::CONTENT_TYPE, PROTOBUF)], body).into_response()
         }
         Format::Json => {
-            let body = match partial {
-                Some(p) => {
-                    json!({ "partialSuccess": { "rejectedSpans": p.rejected_spans.to_string(), "errorMessage": p.error_message } })
+            let field = match signal {
+                Signal::Traces => "rejectedSpans",
+                Signal::Logs => "rejectedLogRecords",
+            };
+            let body = match rejected {
+                Some(n) => {
+                    json!({ "partialSuccess": { field: n.to_string(), "errorMessage": message } })
                 }
                 None => json!({}),
             };

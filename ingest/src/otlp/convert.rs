@@ -21,19 +21,29 @@ pub struct SpanLimits {
     pub retention: Option<(UnixNanos, std::time::Duration)>,
 }
 
-/// The spans of a request that passed validation, and what happened to the others.
-#[derive(Debug, Default)]
-pub struct Converted {
-    pub spans: Vec<SpanRecord>,
+/// The rows of a request that passed validation, and what happened to the others.
+#[derive(Debug)]
+pub struct Converted<R = SpanRecord> {
+    pub rows: Vec<R>,
     pub rejected: Vec<(RejectReason, usize)>,
     pub first_error: Option<String>,
 }
 
-impl Converted {
+impl<R> Default for Converted<R> {
+    fn default() -> Self {
+        Self {
+            rows: Vec::new(),
+            rejected: Vec::new(),
+            first_error: None,
+        }
+    }
+}
+
+impl<R> Converted<R> {
     pub fn rejected_count(&self) -> usize {
         self.rejected.iter().map(|(_, n)| n).sum()
     }
-    fn reject(&mut self, reason: RejectReason, message: String) {
+    pub(crate) fn reject(&mut self, reason: RejectReason, message: String) {
         match self.rejected.iter_mut().find(|(r, _)| *r == reason) {
             Some((_, n)) => *n += 1,
             None => self.rejected.push((reason, 1)),
@@ -50,7 +60,7 @@ pub fn convert_request(req: ExportTraceServiceRequest, limits: SpanLimits) -> Co
             let scope = Arc::new(scope(ss.scope, ss.schema_url));
             for (i, s) in ss.spans.into_iter().enumerate() {
                 match span(s, &resource, &scope, limits) {
-                    Ok(record) => out.spans.push(record),
+                    Ok(record) => out.rows.push(record),
                     Err((reason, problem)) => out.reject(
                         reason,
                         format!("span {i} of scope {si} of resource {ri}: {problem}"),
@@ -62,7 +72,7 @@ pub fn convert_request(req: ExportTraceServiceRequest, limits: SpanLimits) -> Co
     out
 }
 
-fn resource(r: Option<Resource>, schema_url: String) -> m::Resource {
+pub(crate) fn resource(r: Option<Resource>, schema_url: String) -> m::Resource {
     let r = r.unwrap_or_default();
     m::Resource {
         attributes: attributes(r.attributes),
@@ -71,7 +81,7 @@ fn resource(r: Option<Resource>, schema_url: String) -> m::Resource {
     }
 }
 
-fn scope(s: Option<InstrumentationScope>, schema_url: String) -> m::Scope {
+pub(crate) fn scope(s: Option<InstrumentationScope>, schema_url: String) -> m::Scope {
     let s = s.unwrap_or_default();
     m::Scope {
         name: s.name,
@@ -82,7 +92,7 @@ fn scope(s: Option<InstrumentationScope>, schema_url: String) -> m::Scope {
     }
 }
 
-type Problem = (RejectReason, String);
+pub(crate) type Problem = (RejectReason, String);
 
 /// A retention as its configuration would say it (`30d`, `12h`, `90s`).
 fn human_duration(d: std::time::Duration) -> String {
@@ -95,7 +105,7 @@ fn human_duration(d: std::time::Duration) -> String {
     }
 }
 
-fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
+pub(crate) fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
     let id = TraceId::from_slice(bytes).ok_or_else(|| {
         (
             RejectReason::InvalidId,
@@ -108,7 +118,7 @@ fn trace_id(bytes: &[u8], field: &str) -> Result<TraceId, Problem> {
     Ok(id)
 }
 
-fn span_id(bytes: &[u8], field: &str) -> Result<SpanId, Problem> {
+pub(crate) fn span_id(bytes: &[u8], field: &str) -> Result<SpanId, Problem> {
     let id = SpanId::from_slice(bytes).ok_or_else(|| {
         (
             RejectReason::InvalidId,
@@ -140,17 +150,7 @@ fn span(
             "end_time_unix_nano is before start_time_unix_nano".to_owned(),
         ));
     }
-    if let Some((cutoff, kept)) = limits.retention
-        && s.start_time_unix_nano < cutoff.0
-    {
-        return Err((
-            RejectReason::Expired,
-            format!(
-                "start_time_unix_nano is older than the tenant's retention of {}",
-                human_duration(kept)
-            ),
-        ));
-    }
+    check_retention(s.start_time_unix_nano, "start_time_unix_nano", limits)?;
     let kind = u8::try_from(s.kind)
         .ok()
         .filter(|k| *k <= 5)
@@ -170,21 +170,7 @@ fn span(
                 format!("status.code {} is not a StatusCode (0 to 2)", status.code),
             )
         })?;
-    let check = |kvs: &[KeyValue], field: &str| -> Result<(), Problem> {
-        for kv in kvs {
-            let size = kv.value.as_ref().map_or(0, value_bytes);
-            if size > limits.max_attribute_value_bytes {
-                return Err((
-                    RejectReason::AttributeTooLarge,
-                    format!(
-                        "{field} {:?} is {size} bytes, above the limit of {} bytes",
-                        kv.key, limits.max_attribute_value_bytes
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    };
+    let check = |kvs: &[KeyValue], field: &str| check_sizes(kvs, field, limits);
     check(&s.attributes, "attribute")?;
     for e in &s.events {
         check(&e.attributes, "event attribute")?;
@@ -241,7 +227,42 @@ fn link(l: span::Link) -> Result<m::Link, Problem> {
     })
 }
 
-fn value_bytes(v: &AnyValue) -> usize {
+/// Refuses a row whose time is older than the tenant's retention cutoff.
+pub(crate) fn check_retention(time: u64, field: &str, limits: SpanLimits) -> Result<(), Problem> {
+    match limits.retention {
+        Some((cutoff, kept)) if time < cutoff.0 => Err((
+            RejectReason::Expired,
+            format!(
+                "{field} is older than the tenant's retention of {}",
+                human_duration(kept)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses attributes with a value above the size limit, naming the key.
+pub(crate) fn check_sizes(
+    kvs: &[KeyValue],
+    field: &str,
+    limits: SpanLimits,
+) -> Result<(), Problem> {
+    for kv in kvs {
+        let size = kv.value.as_ref().map_or(0, value_bytes);
+        if size > limits.max_attribute_value_bytes {
+            return Err((
+                RejectReason::AttributeTooLarge,
+                format!(
+                    "{field} {:?} is {size} bytes, above the limit of {} bytes",
+                    kv.key, limits.max_attribute_value_bytes
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn value_bytes(v: &AnyValue) -> usize {
     match &v.value {
         Some(any_value::Value::StringValue(s)) => s.len(),
         Some(any_value::Value::BytesValue(b)) => b.len(),
@@ -264,7 +285,7 @@ pub fn attributes(kvs: Vec<KeyValue>) -> Vec<m::KeyValue> {
         .collect()
 }
 
-fn value(v: AnyValue) -> m::Value {
+pub(crate) fn value(v: AnyValue) -> m::Value {
     use any_value::Value as V;
     match v.value {
         None => m::Value::Empty,

@@ -7,10 +7,12 @@
 //!
 //! This module holds what every signal shares (paths, typed field access, any-values and
 //! attributes, the writer); each signal's messages are in a module of their own
-//! ([`traces`]).
+//! ([`traces`], [`logs`]).
 
+mod logs;
 mod traces;
 
+pub use logs::decode_logs_request;
 pub use traces::{decode_request, encode_request};
 
 use std::fmt;
@@ -18,8 +20,9 @@ use std::fmt;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use opentelemetry_proto::tonic::common::v1::{
-    AnyValue, ArrayValue, KeyValue, KeyValueList, any_value,
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value,
 };
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde_json::{Map, Value as J};
 
 use crate::error::IngestError;
@@ -300,6 +303,25 @@ fn key_value(v: &J, path: &Path<'_>) -> R<KeyValue> {
         key: o.string("key", "key")?,
         value: o.object("value", "value", any_value)?,
         ..Default::default()
+    })
+}
+
+fn decode_scope(v: &J, path: &Path<'_>) -> R<InstrumentationScope> {
+    let s = Obj::new(v, path)?;
+    Ok(InstrumentationScope {
+        name: s.string("name", "name")?,
+        version: s.string("version", "version")?,
+        attributes: attrs(&s)?,
+        dropped_attributes_count: s.u32("droppedAttributesCount", "dropped_attributes_count")?,
+    })
+}
+
+fn decode_resource(v: &J, path: &Path<'_>) -> R<Resource> {
+    let r = Obj::new(v, path)?;
+    Ok(Resource {
+        attributes: attrs(&r)?,
+        dropped_attributes_count: r.u32("droppedAttributesCount", "dropped_attributes_count")?,
+        entity_refs: Vec::new(),
     })
 }
 

@@ -63,10 +63,10 @@ impl Ingester {
         }
         let rejected = converted.rejected_count();
         let error_message = converted.first_error;
-        let outcome = if converted.spans.is_empty() {
+        let outcome = if converted.rows.is_empty() {
             Default::default()
         } else {
-            self.store.append(tenant, converted.spans)?
+            self.store.append(tenant, converted.rows)?
         };
         self.stats
             .spans_accepted

@@ -337,7 +337,7 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
 
 /// Ids as lower-case hex strings, written straight into one values buffer (every value has the
 /// same width, so the offsets are arithmetic); null ids stay null.
-fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
+pub(super) fn hex_column(a: &FixedSizeBinaryArray) -> ArrayRef {
     let width = a.value_length() as usize;
     let raw = a.value_data();
     let mut values = Vec::with_capacity(raw.len() * 2);
@@ -375,76 +375,12 @@ fn hex_runs(ids: &[TraceId], runs: &[u32]) -> ArrayRef {
     Arc::new(StringArray::new(offsets, values.into(), None))
 }
 
-/// An attribute value as map text: strings as they are, numbers and bools as SQL would print
-/// them, arrays and maps as JSON.
-pub fn value_text(v: &Value) -> Option<String> {
-    Some(match v {
-        Value::Empty => return None,
-        Value::Str(s) => s.clone(),
-        Value::Bool(b) => b.to_string(),
-        Value::Int(i) => i.to_string(),
-        Value::Double(d) => d.to_string(),
-        Value::Bytes(b) => hex::encode(b),
-        other => value_json(other).to_string(),
-    })
-}
-
-fn value_json(v: &Value) -> String {
-    fn go(v: &Value, out: &mut String) {
-        match v {
-            Value::Empty => out.push_str("null"),
-            Value::Str(s) => {
-                out.push('"');
-                for c in s.chars() {
-                    match c {
-                        '"' => out.push_str("\\\""),
-                        '\\' => out.push_str("\\\\"),
-                        c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-                        c => out.push(c),
-                    }
-                }
-                out.push('"');
-            }
-            Value::Bool(b) => out.push_str(&b.to_string()),
-            Value::Int(i) => out.push_str(&i.to_string()),
-            Value::Double(d) if d.is_finite() => out.push_str(&d.to_string()),
-            Value::Double(_) => out.push_str("null"),
-            Value::Bytes(b) => go(&Value::Str(hex::encode(b)), out),
-            Value::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    go(item, out);
-                }
-                out.push(']');
-            }
-            Value::KvList(kvs) => {
-                out.push('{');
-                for (i, kv) in kvs.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    go(&Value::Str(kv.key.clone()), out);
-                    out.push(':');
-                    go(&kv.value, out);
-                }
-                out.push('}');
-            }
-        }
-    }
-    let mut out = String::new();
-    go(v, &mut out);
-    out
-}
-
 fn map_column<'a>(rows: impl Iterator<Item = &'a [KeyValue]>) -> Result<ArrayRef> {
     let mut b = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
     for kvs in rows {
         for kv in kvs {
             b.keys().append_value(&kv.key);
-            b.values().append_option(value_text(&kv.value));
+            b.values().append_option(kv.value.text());
         }
         b.append(true)?;
     }
@@ -494,7 +430,7 @@ pub fn values_column(ty: &DataType, values: impl Iterator<Item = Option<Value>>)
                 match v {
                     Some(Value::Array(items)) => {
                         for item in items {
-                            b.values().append_option(value_text(&item));
+                            b.values().append_option(item.text());
                         }
                         b.append(true);
                     }
@@ -505,12 +441,12 @@ pub fn values_column(ty: &DataType, values: impl Iterator<Item = Option<Value>>)
         }
         DataType::Utf8View => {
             let mut b = StringViewBuilder::new();
-            values.for_each(|v| b.append_option(v.as_ref().and_then(value_text)));
+            values.for_each(|v| b.append_option(v.as_ref().and_then(Value::text)));
             Arc::new(b.finish())
         }
         _ => {
             let mut b = StringBuilder::new();
-            values.for_each(|v| b.append_option(v.as_ref().and_then(value_text)));
+            values.for_each(|v| b.append_option(v.as_ref().and_then(Value::text)));
             Arc::new(b.finish())
         }
     }

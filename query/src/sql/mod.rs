@@ -6,6 +6,7 @@
 
 pub mod columns;
 pub mod functions;
+pub mod logs;
 mod percentile;
 mod percentiles;
 pub mod pg_catalog;
@@ -292,6 +293,10 @@ impl SqlEngine {
                 Arc::new(NestedTable::new(table_ctx.clone(), Nested::Links)),
             ),
             ("traces", Arc::new(TracesTable::new(table_ctx))),
+            (
+                "logs",
+                Arc::new(logs::LogsTable::new(self.store.clone(), tenant.clone())),
+            ),
         ];
         let described = pg_catalog::CatalogTables(
             tables

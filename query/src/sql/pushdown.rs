@@ -36,7 +36,7 @@ pub struct Pushdown {
     pub nothing: bool,
 }
 
-fn column_of(e: &Expr) -> Option<&str> {
+pub(super) fn column_of(e: &Expr) -> Option<&str> {
     match e {
         Expr::Column(c) => Some(c.name.as_str()),
         Expr::Cast(c) => column_of(&c.expr),
@@ -45,7 +45,7 @@ fn column_of(e: &Expr) -> Option<&str> {
     }
 }
 
-fn literal(e: &Expr) -> Option<&ScalarValue> {
+pub(super) fn literal(e: &Expr) -> Option<&ScalarValue> {
     match e {
         Expr::Literal(v, _) => Some(v),
         _ => None,
@@ -53,7 +53,7 @@ fn literal(e: &Expr) -> Option<&ScalarValue> {
 }
 
 /// A timestamp literal in Unix nanoseconds.
-fn nanos(v: &ScalarValue) -> Option<i64> {
+pub(super) fn nanos(v: &ScalarValue) -> Option<i64> {
     match v {
         ScalarValue::TimestampNanosecond(Some(n), _) => Some(*n),
         ScalarValue::TimestampMicrosecond(Some(n), _) => n.checked_mul(1_000),
@@ -63,7 +63,7 @@ fn nanos(v: &ScalarValue) -> Option<i64> {
     }
 }
 
-fn text(v: &ScalarValue) -> Option<String> {
+pub(super) fn text(v: &ScalarValue) -> Option<String> {
     match v {
         ScalarValue::Utf8(Some(s))
         | ScalarValue::LargeUtf8(Some(s))
@@ -88,7 +88,7 @@ fn term(c: &SpanCol, v: &ScalarValue) -> Option<String> {
     }
 }
 
-fn flip(op: Operator) -> Operator {
+pub(super) fn flip(op: Operator) -> Operator {
     match op {
         Operator::Lt => Operator::Gt,
         Operator::LtEq => Operator::GtEq,

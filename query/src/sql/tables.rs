@@ -24,9 +24,7 @@ use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
-use super::columns::{
-    SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type, value_text,
-};
+use super::columns::{SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type};
 use super::pushdown::{BlockWork, Pushdown, ScanPlan};
 use super::scan::{ScanSource, WeftScanExec};
 
@@ -370,7 +368,7 @@ impl NestedSource {
                         s1.append_value(&e.name);
                         for kv in &e.attributes {
                             attrs.keys().append_value(&kv.key);
-                            attrs.values().append_option(value_text(&kv.value));
+                            attrs.values().append_option(kv.value.text());
                         }
                         attrs.append(true)?;
                         dropped.push(i64::from(e.dropped_attributes_count));
@@ -385,7 +383,7 @@ impl NestedSource {
                         a.push(i64::from(l.flags));
                         for kv in &l.attributes {
                             attrs.keys().append_value(&kv.key);
-                            attrs.values().append_option(value_text(&kv.value));
+                            attrs.values().append_option(kv.value.text());
                         }
                         attrs.append(true)?;
                         dropped.push(i64::from(l.dropped_attributes_count));

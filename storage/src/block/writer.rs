@@ -184,10 +184,10 @@ fn choose_dynamic(rows: &[&SpanRecord]) -> Vec<(String, ColumnType)> {
 
 /// The postings being built: dimension -> term -> rows.
 #[derive(Default)]
-struct Postings(BTreeMap<String, BTreeMap<String, RoaringBitmap>>);
+pub(super) struct Postings(BTreeMap<String, BTreeMap<String, RoaringBitmap>>);
 
 impl Postings {
-    fn add(&mut self, dim: &str, term: &str, row: u32) {
+    pub(super) fn add(&mut self, dim: &str, term: &str, row: u32) {
         // The common case (a known dimension and term) allocates nothing.
         if let Some(rows) = self.0.get_mut(dim).and_then(|terms| terms.get_mut(term)) {
             rows.insert(row);
@@ -208,7 +208,7 @@ impl Postings {
             .or_default()
             .insert_range(rows);
     }
-    fn encode(self) -> Result<Vec<(String, Vec<u8>)>> {
+    pub(super) fn encode(self) -> Result<Vec<(String, Vec<u8>)>> {
         self.0
             .into_iter()
             .map(|(dim, terms)| {
@@ -463,7 +463,7 @@ pub fn millis(duration_ns: i64) -> f64 {
     duration_ns as f64 / 1e6
 }
 
-fn append_blob(b: &mut BinaryBuilder, empty: bool, write: impl FnOnce(&mut Writer)) {
+pub(super) fn append_blob(b: &mut BinaryBuilder, empty: bool, write: impl FnOnce(&mut Writer)) {
     if empty {
         b.append_null();
     } else {

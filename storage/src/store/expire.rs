@@ -10,14 +10,19 @@ impl Store {
     /// deletes the retired blocks no reader holds. Returns whether it deleted anything.
     pub fn enforce_retention(&self) -> Result<bool> {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
+        self.expire_signal::<SpanRecord>()?;
+        self.expire_signal::<LogRecord>()?;
+        self.delete_retired()
+    }
+
+    fn expire_signal<R: Lane>(&self) -> Result<()> {
         let now = self.opts.clock.now();
         let expired: Vec<(TenantId, Vec<BlockAddr>)> = {
             let state = self.lock();
-            state
-                .tenants
+            R::lanes(&state)
                 .iter()
                 .filter_map(|(tenant, t)| {
-                    let cutoff = self.opts.retention.cutoff(tenant, SPANS, now)?;
+                    let cutoff = self.opts.retention.cutoff(tenant, R::SIGNAL, now)?;
                     // every row of the block is older than the cutoff (its window's bounds
                     // would do, but not if `--block-window` changed since it was written)
                     let out: Vec<BlockAddr> = t
@@ -33,14 +38,14 @@ impl Store {
         for (tenant, addrs) in &expired {
             let mut batch = WriteBatch::default();
             for addr in addrs {
-                self.stage_retire(&mut batch, tenant, *addr);
+                self.stage_retire(&mut batch, tenant, R::SIGNAL, *addr);
             }
-            self.replace_blocks(tenant, batch, Vec::new(), addrs)?;
+            self.replace_blocks::<R>(tenant, batch, Vec::new(), addrs)?;
             self.stats
                 .blocks_expired
                 .fetch_add(addrs.len() as u64, Ordering::Relaxed);
-            tracing::info!(tenant = %tenant, blocks = addrs.len(), "blocks out of retention retired");
+            tracing::info!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = addrs.len(), "blocks out of retention retired");
         }
-        self.delete_retired()
+        Ok(())
     }
 }

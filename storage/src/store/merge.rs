@@ -45,20 +45,26 @@ impl Store {
     /// deletes retired blocks no reader holds. Returns whether it did anything.
     pub fn merge_small_blocks(&self) -> Result<bool> {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
-        let plans = self.merge_plans();
+        let spans = self.merge_signal::<SpanRecord>()?;
+        let logs = self.merge_signal::<LogRecord>()?;
+        Ok(self.delete_retired()? || spans || logs)
+    }
+
+    fn merge_signal<R: Lane>(&self) -> Result<bool> {
+        let plans = self.merge_plans::<R>();
         let worked = !plans.is_empty();
         for (tenant, group) in plans {
-            self.merge_group(&tenant, group)?;
+            self.merge_group::<R>(&tenant, group)?;
         }
-        Ok(self.delete_retired()? || worked)
+        Ok(worked)
     }
 
     /// What to merge now: per tenant, groups of small blocks of one window.
-    fn merge_plans(&self) -> Vec<(TenantId, Group)> {
+    fn merge_plans<R: Lane>(&self) -> Vec<(TenantId, Group)> {
         let target = self.opts.flush_rows;
         let state = self.lock();
         let mut plans = Vec::new();
-        for (tenant, t) in &state.tenants {
+        for (tenant, t) in R::lanes(&state) {
             let mut windows: BTreeMap<u64, Group> = BTreeMap::new();
             for (addr, meta) in t.blocks.iter() {
                 if (meta.rows as usize) < target / 2 {
@@ -95,41 +101,43 @@ impl Store {
     }
 
     /// Rewrites a group of blocks of one window as blocks near the target size.
-    fn merge_group(
+    fn merge_group<R: Lane>(
         &self,
         tenant: &TenantId,
         group: Vec<(BlockAddr, Arc<BlockMeta>)>,
     ) -> Result<()> {
-        let mut spans = Vec::new();
+        let mut rows = Vec::new();
         for (addr, meta) in &group {
-            spans.extend(
-                self.block_reader(tenant, *addr, meta)
-                    .spans(&Rows::All, true)?,
-            );
+            rows.extend(R::read_block(&self.reader_of(
+                tenant,
+                R::SIGNAL,
+                *addr,
+                meta,
+            ))?);
         }
         let window = group[0].0.window;
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
-        for part in split_at_traces(spans.iter().collect(), self.opts.flush_rows) {
+        for part in R::split(rows.iter().collect(), self.opts.flush_rows) {
             let addr = BlockAddr {
                 window,
                 block: self.next_block_id(),
             };
-            let built = build_block(part)?;
-            self.stage_block(&mut batch, tenant, addr, &built)?;
+            let built = R::build_block(part)?;
+            self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
             written.push((addr, Arc::new(built.meta)));
         }
         for (addr, _) in &group {
-            self.stage_retire(&mut batch, tenant, *addr);
+            self.stage_retire(&mut batch, tenant, R::SIGNAL, *addr);
         }
         let new_blocks = written.len();
         let out: Vec<BlockAddr> = group.iter().map(|(addr, _)| *addr).collect();
-        self.replace_blocks(tenant, batch, written, &out)?;
+        self.replace_blocks::<R>(tenant, batch, written, &out)?;
         self.stats.merges.fetch_add(1, Ordering::Relaxed);
         self.stats
             .blocks_merged
             .fetch_add(group.len() as u64, Ordering::Relaxed);
-        tracing::debug!(tenant = %tenant, window, merged = group.len(), into = new_blocks, rows = spans.len(), "blocks merged");
+        tracing::debug!(tenant = %tenant, signal = R::SIGNAL.name(), window, merged = group.len(), into = new_blocks, rows = rows.len(), "blocks merged");
         Ok(())
     }
 }

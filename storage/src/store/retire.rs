@@ -12,21 +12,29 @@ use std::collections::HashSet;
 use super::*;
 
 /// A block out of its tenant's list, waiting until no reader holds it.
-pub(super) type Retired = (TenantId, BlockAddr, Arc<BlockMeta>);
+pub(super) type Retired = (TenantId, Signal, BlockAddr, Arc<BlockMeta>);
+/// A block whose data is to be deleted.
+pub(super) type Dead = (TenantId, Signal, BlockAddr);
 
 impl Store {
     /// Adds to `batch` what takes a block out of the store for good: its meta goes, its grave
     /// comes.
-    pub(super) fn stage_retire(&self, batch: &mut WriteBatch, tenant: &TenantId, addr: BlockAddr) {
+    pub(super) fn stage_retire(
+        &self,
+        batch: &mut WriteBatch,
+        tenant: &TenantId,
+        signal: Signal,
+        addr: BlockAddr,
+    ) {
         let meta = self.cf(CF_META);
-        batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::META, addr));
-        batch.put_cf(meta, keys::block_key(tenant, SPANS, keys::GRAVE, addr), []);
+        batch.delete_cf(meta, keys::block_key(tenant, signal, keys::META, addr));
+        batch.put_cf(meta, keys::block_key(tenant, signal, keys::GRAVE, addr), []);
     }
 
     /// Writes `batch` (which stages the retirement of `out`, and whatever replaces them), then
     /// swaps the tenant's block list under one lock: `new` in, `out` retired. A snapshot holds
     /// the list before or after, never a mix.
-    pub(super) fn replace_blocks(
+    pub(super) fn replace_blocks<R: Lane>(
         &self,
         tenant: &TenantId,
         batch: WriteBatch,
@@ -35,29 +43,27 @@ impl Store {
     ) -> Result<()> {
         self.db.write_opt(batch, &self.sync)?;
         let mut state = self.lock();
-        let State {
-            tenants, retired, ..
-        } = &mut *state;
-        let blocks = Arc::make_mut(&mut tenants.entry(tenant.clone()).or_default().blocks);
+        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
+        let blocks = Arc::make_mut(&mut t.blocks);
         blocks.extend(new);
-        for addr in out {
-            if let Some(meta) = blocks.remove(addr) {
-                retired.push((tenant.clone(), *addr, meta));
-            }
-        }
+        let gone: Vec<Retired> = out
+            .iter()
+            .filter_map(|addr| Some((tenant.clone(), R::SIGNAL, *addr, blocks.remove(addr)?)))
+            .collect();
+        state.retired.extend(gone);
         Ok(())
     }
 
     /// Deletes the data of the retired blocks that only the retired list still holds.
     /// Returns whether it deleted anything.
     pub(super) fn delete_retired(&self) -> Result<bool> {
-        let dead: Vec<(TenantId, BlockAddr)> = {
+        let dead: Vec<Dead> = {
             let mut state = self.lock();
             let (dead, held): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut state.retired)
                 .into_iter()
-                .partition(|(_, _, meta)| Arc::strong_count(meta) == 1);
+                .partition(|(_, _, _, meta)| Arc::strong_count(meta) == 1);
             state.retired = held;
-            dead.into_iter().map(|(t, a, _)| (t, a)).collect()
+            dead.into_iter().map(|(t, s, a, _)| (t, s, a)).collect()
         };
         if dead.is_empty() {
             return Ok(false);
@@ -74,21 +80,25 @@ impl Store {
     }
 
     /// Deletes blocks' data, graves and cached entries, then compacts their key ranges.
-    pub(super) fn delete_blocks(&self, dead: &[(TenantId, BlockAddr)]) -> Result<()> {
+    pub(super) fn delete_blocks(&self, dead: &[Dead]) -> Result<()> {
         let data = self.cf(CF_DATA);
         let meta = self.cf(CF_META);
         let mut batch = WriteBatch::default();
-        for (tenant, addr) in dead {
-            for entry in self.block_traces(tenant, *addr).unwrap_or_default() {
-                batch.delete_cf(data, keys::trace_id(tenant, SPANS, &entry.trace_id, *addr));
+        for (tenant, signal, addr) in dead {
+            let (signal, addr) = (*signal, *addr);
+            for entry in self
+                .block_traces_in(tenant, signal, addr)
+                .unwrap_or_default()
+            {
+                batch.delete_cf(data, keys::trace_id(tenant, signal, &entry.trace_id, addr));
             }
             for kind in [keys::CHUNK, keys::POSTINGS] {
-                let from = keys::block_key(tenant, SPANS, kind, *addr);
+                let from = keys::block_key(tenant, signal, kind, addr);
                 batch.delete_range_cf(data, from.clone(), keys::prefix_end(&from));
             }
-            batch.delete_cf(data, keys::block_key(tenant, SPANS, keys::TRACES, *addr));
-            batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::META, *addr));
-            batch.delete_cf(meta, keys::block_key(tenant, SPANS, keys::GRAVE, *addr));
+            batch.delete_cf(data, keys::block_key(tenant, signal, keys::TRACES, addr));
+            batch.delete_cf(meta, keys::block_key(tenant, signal, keys::META, addr));
+            batch.delete_cf(meta, keys::block_key(tenant, signal, keys::GRAVE, addr));
         }
         self.db.write_opt(batch, &self.sync)?;
         self.forget_cached(dead);
@@ -98,12 +108,14 @@ impl Store {
 
     /// Drops every cached entry of deleted blocks (each cache key starts with the block's
     /// key: tenant, signal, kind, window, block).
-    fn forget_cached(&self, dead: &[(TenantId, BlockAddr)]) {
-        let gone: HashSet<(&str, BlockAddr)> =
-            dead.iter().map(|(t, addr)| (t.as_str(), *addr)).collect();
+    fn forget_cached(&self, dead: &[Dead]) {
+        let gone: HashSet<(&str, Signal, BlockAddr)> = dead
+            .iter()
+            .map(|(t, signal, addr)| (t.as_str(), *signal, *addr))
+            .collect();
         let live = |key: &[u8]| {
             keys::split(key)
-                .and_then(|p| Some((p.tenant, keys::read_addr(p.rest)?)))
+                .and_then(|p| Some((p.tenant, p.signal, keys::read_addr(p.rest)?)))
                 .is_none_or(|k| !gone.contains(&k))
         };
         self.footers.retain(live);
@@ -115,27 +127,27 @@ impl Store {
 
     /// Compacts the key ranges deleted blocks occupied, per tenant and kind, so that their
     /// bytes leave the disk now rather than whenever RocksDB would get to them.
-    fn compact_deleted(&self, dead: &[(TenantId, BlockAddr)]) {
+    fn compact_deleted(&self, dead: &[Dead]) {
         // memtables first: until they are flushed, RocksDB keeps the write-ahead files that
         // hold the deleted rows (and the head batches they came from) on disk
         if let Err(e) = self.flush_memtables() {
             tracing::warn!(error = %e, "memtable flush after a deletion failed");
         }
-        let mut spans: BTreeMap<&TenantId, (BlockAddr, BlockAddr)> = BTreeMap::new();
-        for (tenant, addr) in dead {
-            let e = spans.entry(tenant).or_insert((*addr, *addr));
+        let mut ranges: BTreeMap<(&TenantId, Signal), (BlockAddr, BlockAddr)> = BTreeMap::new();
+        for (tenant, signal, addr) in dead {
+            let e = ranges.entry((tenant, *signal)).or_insert((*addr, *addr));
             e.0 = e.0.min(*addr);
             e.1 = e.1.max(*addr);
         }
-        for (tenant, (first, last)) in spans {
+        for ((tenant, signal), (first, last)) in ranges {
             for (cf, kind) in [
                 (CF_DATA, keys::CHUNK),
                 (CF_DATA, keys::POSTINGS),
                 (CF_DATA, keys::TRACES),
                 (CF_META, keys::META),
             ] {
-                let from = keys::block_key(tenant, SPANS, kind, first);
-                let to = keys::prefix_end(&keys::block_key(tenant, SPANS, kind, last));
+                let from = keys::block_key(tenant, signal, kind, first);
+                let to = keys::prefix_end(&keys::block_key(tenant, signal, kind, last));
                 self.db
                     .compact_range_cf(self.cf(cf), Some(&from[..]), Some(&to[..]));
             }

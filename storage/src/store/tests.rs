@@ -500,7 +500,7 @@ fn a_retry_of_spans_being_written_is_answered_only_once_they_are_durable() {
     {
         let store = Arc::new(Store::open(dir.path(), small_opts()).unwrap());
         // the first write-ahead write (the first sender's) waits, then fails as a full disk would
-        *store.test_write_hook.lock().unwrap() = Some(Arc::new(move |_: &[SpanRecord]| {
+        *store.test_write_hook.lock().unwrap() = Some(Arc::new(move |_: usize| {
             if calls.fetch_add(1, Ordering::SeqCst) > 0 {
                 return Ok(());
             }

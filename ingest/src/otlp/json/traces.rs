@@ -1,8 +1,6 @@
 //! OTLP/JSON of traces: `ExportTraceServiceRequest` decoded with errors naming the exact path,
 //! and encoded for reads (trace by id, and the Tempo and Jaeger APIs to come).
 
-use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
-use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span};
 use serde_json::Value as J;
 
@@ -70,16 +68,7 @@ fn decode_span(v: &J, path: &Path<'_>) -> R<Span> {
 fn decode_scope_spans(v: &J, path: &Path<'_>) -> R<ScopeSpans> {
     let o = Obj::new(v, path)?;
     Ok(ScopeSpans {
-        scope: o.object("scope", "scope", |v, p| {
-            let s = Obj::new(v, p)?;
-            Ok(InstrumentationScope {
-                name: s.string("name", "name")?,
-                version: s.string("version", "version")?,
-                attributes: attrs(&s)?,
-                dropped_attributes_count: s
-                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
-            })
-        })?,
+        scope: o.object("scope", "scope", decode_scope)?,
         spans: o.array("spans", "spans", decode_span)?,
         schema_url: o.string("schemaUrl", "schema_url")?,
     })
@@ -88,15 +77,7 @@ fn decode_scope_spans(v: &J, path: &Path<'_>) -> R<ScopeSpans> {
 fn decode_resource_spans(v: &J, path: &Path<'_>) -> R<ResourceSpans> {
     let o = Obj::new(v, path)?;
     Ok(ResourceSpans {
-        resource: o.object("resource", "resource", |v, p| {
-            let r = Obj::new(v, p)?;
-            Ok(Resource {
-                attributes: attrs(&r)?,
-                dropped_attributes_count: r
-                    .u32("droppedAttributesCount", "dropped_attributes_count")?,
-                entity_refs: Vec::new(),
-            })
-        })?,
+        resource: o.object("resource", "resource", decode_resource)?,
         scope_spans: o.array("scopeSpans", "scope_spans", decode_scope_spans)?,
         schema_url: o.string("schemaUrl", "schema_url")?,
     })

@@ -1,0 +1,338 @@
+//! The `logs` table: a tenant's log records as of one snapshot, read through the store's log
+//! scan with the projection, the time range on `time` and the postings terms (service,
+//! severity text, event name) pushed down. Every pushed filter is also applied by DataFusion
+//! (inexact push-down): the store only narrows what is read.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryArray, FixedSizeBinaryArray, MapBuilder, RecordBatch,
+    StringBuilder, TimestampNanosecondArray,
+};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::datasource::TableType;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::scalar::ScalarValue;
+use weft_storage::Store;
+use weft_storage::block::logs::{col, dim};
+use weft_storage::codec::Reader;
+use weft_storage::model::{KeyValue, LogRecord, TenantId};
+use weft_storage::store::{LogScan, Snapshot};
+
+use super::columns::{hex_column, map_type, timestamp_type};
+use super::pushdown::{column_of, flip, literal, nanos, text};
+
+/// The SQL columns, each with the stored column it is made from.
+const COLUMNS: &[(&str, &str)] = &[
+    ("time", col::TIME),
+    ("observed_time", col::OBSERVED_TIME),
+    ("severity_number", col::SEVERITY_NUMBER),
+    ("severity_text", col::SEVERITY_TEXT),
+    ("body", col::BODY),
+    ("trace_id", col::TRACE_ID),
+    ("span_id", col::SPAN_ID),
+    ("service_name", col::SERVICE),
+    ("event_name", col::EVENT_NAME),
+    ("scope_name", col::SCOPE),
+    ("flags", col::FLAGS),
+    ("attributes", col::ATTRIBUTES),
+    ("resource_attributes", col::RESOURCE),
+];
+
+/// Columns whose equality filters are answered by postings, with their dimension.
+const INDEXED: &[(&str, &str)] = &[
+    ("service_name", dim::SERVICE),
+    ("severity_text", dim::SEVERITY),
+    ("event_name", dim::EVENT_NAME),
+];
+
+fn schema() -> SchemaRef {
+    let ty = |name: &str| match name {
+        "time" | "observed_time" => (timestamp_type(), false),
+        "severity_number" => (DataType::Int32, false),
+        "flags" => (DataType::Int64, false),
+        "body" | "trace_id" | "span_id" => (DataType::Utf8, true),
+        "attributes" | "resource_attributes" => (map_type(), false),
+        _ => (DataType::Utf8, false),
+    };
+    Arc::new(Schema::new(
+        COLUMNS
+            .iter()
+            .map(|(name, _)| {
+                let (t, nullable) = ty(name);
+                Field::new(*name, t, nullable)
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+pub struct LogsTable {
+    store: Arc<Store>,
+    tenant: TenantId,
+    snapshot: Snapshot<LogRecord>,
+    schema: SchemaRef,
+}
+
+impl fmt::Debug for LogsTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogsTable")
+            .field("tenant", &self.tenant)
+            .field("blocks", &self.snapshot.blocks.len())
+            .finish()
+    }
+}
+
+impl LogsTable {
+    pub fn new(store: Arc<Store>, tenant: TenantId) -> Self {
+        let snapshot = store.log_snapshot(&tenant);
+        Self {
+            store,
+            tenant,
+            snapshot,
+            schema: schema(),
+        }
+    }
+}
+
+/// What the filters let the store skip.
+fn scan_of(filters: &[Expr]) -> LogScan {
+    let mut scan = LogScan::default();
+    for f in filters {
+        narrow(&mut scan, f);
+    }
+    scan
+}
+
+fn pushable(e: &Expr) -> bool {
+    narrow(&mut LogScan::default(), e)
+}
+
+/// Narrows the scan by one conjunct; whether it could.
+fn narrow(scan: &mut LogScan, e: &Expr) -> bool {
+    match e {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) => {
+            let l = narrow(scan, left);
+            narrow(scan, right) || l
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            match (
+                column_of(left),
+                literal(right),
+                literal(left),
+                column_of(right),
+            ) {
+                (Some(c), Some(v), _, _) => compare(scan, c, *op, v),
+                (_, _, Some(v), Some(c)) => compare(scan, c, flip(*op), v),
+                _ => false,
+            }
+        }
+        Expr::Between(Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        }) => match (column_of(expr), literal(low), literal(high)) {
+            (Some(c), Some(lo), Some(hi)) => {
+                let a = compare(scan, c, Operator::GtEq, lo);
+                compare(scan, c, Operator::LtEq, hi) || a
+            }
+            _ => false,
+        },
+        Expr::InList(list) if !list.negated => {
+            let Some(d) = column_of(&list.expr).and_then(dimension) else {
+                return false;
+            };
+            let terms: Option<Vec<String>> = list
+                .list
+                .iter()
+                .map(|e| literal(e).and_then(text))
+                .collect();
+            terms.is_some_and(|terms| {
+                scan.terms.push((d, terms));
+                true
+            })
+        }
+        _ => false,
+    }
+}
+
+fn dimension(column: &str) -> Option<&'static str> {
+    INDEXED.iter().find(|(c, _)| *c == column).map(|(_, d)| *d)
+}
+
+fn compare(scan: &mut LogScan, c: &str, op: Operator, v: &ScalarValue) -> bool {
+    if c == "time" {
+        let Some(t) = nanos(v).map(|n| n.max(0) as u64) else {
+            return false;
+        };
+        match op {
+            Operator::Gt | Operator::GtEq => scan.from = Some(scan.from.map_or(t, |f| f.max(t))),
+            Operator::Lt | Operator::LtEq => scan.to = Some(scan.to.map_or(t, |e| e.min(t))),
+            Operator::Eq => {
+                scan.from = Some(scan.from.map_or(t, |f| f.max(t)));
+                scan.to = Some(scan.to.map_or(t, |e| e.min(t)));
+            }
+            _ => return false,
+        }
+        return true;
+    }
+    match (dimension(c), op, text(v)) {
+        (Some(d), Operator::Eq, Some(term)) => {
+            scan.terms.push((d, vec![term]));
+            true
+        }
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl TableProvider for LogsTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match pushable(f) {
+                true => TableProviderFilterPushDown::Inexact,
+                false => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..COLUMNS.len()).collect(),
+        };
+        let mut scan = scan_of(filters);
+        // the time column always: a batch needs a row count even when nothing is projected
+        scan.columns = vec![col::TIME];
+        for i in &wanted {
+            if !scan.columns.contains(&COLUMNS[*i].1) {
+                scan.columns.push(COLUMNS[*i].1);
+            }
+        }
+        let (store, tenant, snapshot) = (
+            self.store.clone(),
+            self.tenant.clone(),
+            self.snapshot.clone(),
+        );
+        let stored =
+            tokio::task::spawn_blocking(move || store.scan_logs(&tenant, &snapshot, &scan))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let projected = Arc::new(self.schema.project(&wanted)?);
+        let batches = stored
+            .iter()
+            .map(|b| to_sql(b, &wanted, &projected))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MemorySourceConfig::try_new_exec(
+            &[batches],
+            projected,
+            None,
+        )?)
+    }
+}
+
+/// A stored batch as the table's projected columns.
+fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<RecordBatch> {
+    let get = |name: &str| -> Result<&ArrayRef> {
+        stored
+            .column_by_name(name)
+            .ok_or_else(|| DataFusionError::Internal(format!("log column {name} not read")))
+    };
+    let mut columns = Vec::with_capacity(wanted.len());
+    for i in wanted {
+        let (name, source) = COLUMNS[*i];
+        let a = get(source)?;
+        columns.push(match name {
+            "time" | "observed_time" => {
+                let values = a.as_primitive::<Int64Type>().values().clone();
+                Arc::new(TimestampNanosecondArray::new(values, None).with_timezone("UTC"))
+                    as ArrayRef
+            }
+            "severity_number" => cast(a, &DataType::Int32)?,
+            "trace_id" | "span_id" => hex_column(downcast::<FixedSizeBinaryArray>(a)?),
+            "scope_name" => blob_texts(downcast(a)?, |r| Ok(r.scope()?.name))?,
+            "attributes" => blob_maps(downcast(a)?, |r| r.attrs())?,
+            "resource_attributes" => blob_maps(downcast(a)?, |r| Ok(r.resource()?.attributes))?,
+            _ => a.clone(),
+        });
+    }
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(stored.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &options,
+    )?)
+}
+
+fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
+    a.as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| DataFusionError::Internal("log column of an unexpected type".into()))
+}
+
+fn corrupt(e: weft_storage::StorageError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// A text decoded from each blob, each distinct run decoded once (rows of one request share
+/// their resource and scope).
+fn blob_texts(
+    a: &BinaryArray,
+    read: impl Fn(&mut Reader<'_>) -> weft_storage::Result<String>,
+) -> Result<ArrayRef> {
+    let mut b = StringBuilder::new();
+    let mut last: Option<(&[u8], String)> = None;
+    for i in 0..a.len() {
+        let bytes = a.value(i);
+        if last.as_ref().is_none_or(|(l, _)| *l != bytes) {
+            last = Some((bytes, read(&mut Reader::new(bytes)).map_err(corrupt)?));
+        }
+        b.append_value(&last.as_ref().expect("set above").1);
+    }
+    Ok(Arc::new(b.finish()))
+}
+
+/// A map (attribute key to text) decoded from each blob; a null blob is an empty map.
+fn blob_maps(
+    a: &BinaryArray,
+    read: impl Fn(&mut Reader<'_>) -> weft_storage::Result<Vec<KeyValue>>,
+) -> Result<ArrayRef> {
+    let mut b = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+    for i in 0..a.len() {
+        if a.is_valid(i) {
+            for kv in read(&mut Reader::new(a.value(i))).map_err(corrupt)? {
+                b.keys().append_value(&kv.key);
+                b.values().append_option(kv.value.text());
+            }
+        }
+        b.append(true)?;
+    }
+    Ok(Arc::new(b.finish()))
+}

@@ -1,0 +1,355 @@
+//! Blocks of log records: the column builders (which also turn head rows into the same Arrow
+//! columns a block stores, so that a reader sees one kind of input), the block writer, and
+//! the way back to records (for merging).
+//!
+//! Rows are sorted by (service, time, observed time). Columns ([`col`]): times and numbers as
+//! int64 (delta-encoded times, dictionary-encoded small numbers), texts dictionary-encoded (a
+//! body column falls back to plain pages by itself when its dictionary grows), the body as
+//! text plus `body_value` (the codec's value, only where the body is not a string), ids as
+//! fixed-size binary (null when absent), attributes, resource and scope in the codec's binary
+//! form. Postings on service, severity text and event name.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BinaryArray, BinaryBuilder, FixedSizeBinaryArray, FixedSizeBinaryBuilder,
+    Int64Array, Int64Builder, StringArray, StringBuilder,
+};
+
+use super::format::{BlockMeta, ColumnKind, ColumnMeta, Enc, Transform, encode_chunk};
+use super::reader::{BlockReader, ChunkSource, Rows};
+use super::writer::{BuiltBlock, Postings, append_blob};
+use crate::codec::{Reader, Writer};
+use crate::error::{Result, StorageError};
+use crate::model::{LogRecord, SpanId, TraceId, UnixNanos, Value};
+
+/// Column names of a log block.
+pub mod col {
+    pub const TIME: &str = "time";
+    pub const OBSERVED_TIME: &str = "observed_time";
+    pub const SEVERITY_NUMBER: &str = "severity_number";
+    pub const SEVERITY_TEXT: &str = "severity_text";
+    pub const BODY: &str = "body";
+    pub const BODY_VALUE: &str = "body_value";
+    pub const TRACE_ID: &str = "trace_id";
+    pub const SPAN_ID: &str = "span_id";
+    pub const SERVICE: &str = "service_name";
+    pub const EVENT_NAME: &str = "event_name";
+    pub const FLAGS: &str = "flags";
+    pub const DROPPED_ATTRIBUTES: &str = "dropped_attributes";
+    pub const ATTRIBUTES: &str = "attributes";
+    pub const RESOURCE: &str = "resource";
+    pub const SCOPE: &str = "scope";
+
+    /// Every column, in block order.
+    pub const ALL: [&str; 15] = [
+        TIME,
+        OBSERVED_TIME,
+        SEVERITY_NUMBER,
+        SEVERITY_TEXT,
+        BODY,
+        BODY_VALUE,
+        TRACE_ID,
+        SPAN_ID,
+        SERVICE,
+        EVENT_NAME,
+        FLAGS,
+        DROPPED_ATTRIBUTES,
+        ATTRIBUTES,
+        RESOURCE,
+        SCOPE,
+    ];
+}
+
+/// Postings dimensions of log blocks.
+pub mod dim {
+    pub const SERVICE: &str = "service.name";
+    pub const SEVERITY: &str = "severity_text";
+    pub const EVENT_NAME: &str = "event.name";
+}
+
+/// Builders of every log column, filled row by row.
+pub struct LogColumns {
+    ints: [Int64Builder; 5],
+    severity_text: StringBuilder,
+    body: StringBuilder,
+    body_value: BinaryBuilder,
+    trace_id: FixedSizeBinaryBuilder,
+    span_id: FixedSizeBinaryBuilder,
+    service: StringBuilder,
+    event_name: StringBuilder,
+    attributes: BinaryBuilder,
+    resource: BinaryBuilder,
+    scope: BinaryBuilder,
+    /// The last resource and scope written, by address, with their encoding: records of one
+    /// request share them.
+    last_resource: Option<(*const (), Vec<u8>)>,
+    last_scope: Option<(*const (), Vec<u8>)>,
+}
+
+impl LogColumns {
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            ints: std::array::from_fn(|_| Int64Builder::with_capacity(n)),
+            severity_text: StringBuilder::new(),
+            body: StringBuilder::new(),
+            body_value: BinaryBuilder::new(),
+            trace_id: FixedSizeBinaryBuilder::with_capacity(n, 16),
+            span_id: FixedSizeBinaryBuilder::with_capacity(n, 8),
+            service: StringBuilder::new(),
+            event_name: StringBuilder::new(),
+            attributes: BinaryBuilder::new(),
+            resource: BinaryBuilder::new(),
+            scope: BinaryBuilder::new(),
+            last_resource: None,
+            last_scope: None,
+        }
+    }
+
+    pub fn push(&mut self, l: &LogRecord) {
+        let ints = [
+            l.time.0 as i64,
+            l.observed_time.0 as i64,
+            l.severity_number.into(),
+            l.flags.into(),
+            l.dropped_attributes_count.into(),
+        ];
+        for (b, v) in self.ints.iter_mut().zip(ints) {
+            b.append_value(v);
+        }
+        self.severity_text.append_value(&l.severity_text);
+        match &l.body {
+            Value::Empty => {
+                self.body.append_null();
+                self.body_value.append_null();
+            }
+            Value::Str(s) => {
+                self.body.append_value(s);
+                self.body_value.append_null();
+            }
+            other => {
+                self.body.append_value(other.json());
+                let mut w = Writer::default();
+                w.value(other);
+                self.body_value.append_value(&w.buf);
+            }
+        }
+        append_id(&mut self.trace_id, l.trace_id.as_ref().map(|t| &t.0[..]));
+        append_id(&mut self.span_id, l.span_id.as_ref().map(|s| &s.0[..]));
+        self.service.append_value(l.service_name());
+        self.event_name.append_value(&l.event_name);
+        append_blob(&mut self.attributes, l.attributes.is_empty(), |w| {
+            w.attrs(&l.attributes)
+        });
+        let resource = shared(&mut self.last_resource, &l.resource, |w, r| w.resource(r));
+        self.resource.append_value(resource);
+        let scope = shared(&mut self.last_scope, &l.scope, |w, s| w.scope(s));
+        self.scope.append_value(scope);
+    }
+
+    /// Every column with its encoding, in [`col::ALL`]'s order.
+    pub fn finish(mut self) -> Vec<(&'static str, ArrayRef, Enc)> {
+        let mut ints = self
+            .ints
+            .iter_mut()
+            .map(|b| Arc::new(b.finish()) as ArrayRef);
+        let mut int = || ints.next().expect("five int columns");
+        vec![
+            (col::TIME, int(), Enc::Delta),
+            (col::OBSERVED_TIME, int(), Enc::Delta),
+            (col::SEVERITY_NUMBER, int(), Enc::Dict),
+            (
+                col::SEVERITY_TEXT,
+                Arc::new(self.severity_text.finish()),
+                Enc::Dict,
+            ),
+            (col::BODY, Arc::new(self.body.finish()), Enc::Dict),
+            (
+                col::BODY_VALUE,
+                Arc::new(self.body_value.finish()),
+                Enc::Plain,
+            ),
+            (col::TRACE_ID, Arc::new(self.trace_id.finish()), Enc::Dict),
+            (col::SPAN_ID, Arc::new(self.span_id.finish()), Enc::Plain),
+            (col::SERVICE, Arc::new(self.service.finish()), Enc::Dict),
+            (
+                col::EVENT_NAME,
+                Arc::new(self.event_name.finish()),
+                Enc::Dict,
+            ),
+            (col::FLAGS, int(), Enc::Dict),
+            (col::DROPPED_ATTRIBUTES, int(), Enc::Dict),
+            (
+                col::ATTRIBUTES,
+                Arc::new(self.attributes.finish()),
+                Enc::Plain,
+            ),
+            (col::RESOURCE, Arc::new(self.resource.finish()), Enc::Dict),
+            (col::SCOPE, Arc::new(self.scope.finish()), Enc::Dict),
+        ]
+    }
+}
+
+fn append_id(b: &mut FixedSizeBinaryBuilder, id: Option<&[u8]>) {
+    match id {
+        Some(bytes) => b.append_value(bytes).expect("id of the builder's width"),
+        None => b.append_null(),
+    }
+}
+
+/// The encoding of a shared value, re-encoded only when it is not the last one seen.
+fn shared<'c, T>(
+    last: &'c mut Option<(*const (), Vec<u8>)>,
+    value: &Arc<T>,
+    write: impl FnOnce(&mut Writer, &T),
+) -> &'c [u8] {
+    let ptr = Arc::as_ptr(value) as *const ();
+    if last.as_ref().is_none_or(|(p, _)| *p != ptr) {
+        let mut w = Writer::default();
+        write(&mut w, value);
+        *last = Some((ptr, w.buf));
+    }
+    &last.as_ref().expect("set above").1
+}
+
+/// The block order of log rows.
+pub fn sort(rows: &mut [&LogRecord]) {
+    rows.sort_by(|a, b| {
+        (a.service_name(), a.time, a.observed_time).cmp(&(
+            b.service_name(),
+            b.time,
+            b.observed_time,
+        ))
+    });
+}
+
+/// Sorts rows and builds a block of them.
+pub fn build(mut rows: Vec<&LogRecord>) -> Result<BuiltBlock> {
+    sort(&mut rows);
+    let mut columns = LogColumns::with_capacity(rows.len());
+    let mut postings = Postings::default();
+    for (row, l) in rows.iter().enumerate() {
+        columns.push(l);
+        let row = row as u32;
+        postings.add(dim::SERVICE, l.service_name(), row);
+        postings.add(dim::SEVERITY, &l.severity_text, row);
+        postings.add(dim::EVENT_NAME, &l.event_name, row);
+    }
+    let times = rows.iter().map(|l| l.time.0);
+    let (min, max) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+    let mut metas = Vec::new();
+    let mut chunks = Vec::new();
+    for (name, array, enc) in columns.finish() {
+        let bytes = encode_chunk(&array, enc)?;
+        metas.push(ColumnMeta {
+            name: name.to_owned(),
+            ty: None,
+            kind: ColumnKind::Core,
+            transform: Transform::None,
+            bytes: bytes.len() as u64,
+        });
+        chunks.push((name.to_owned(), bytes));
+    }
+    Ok(BuiltBlock {
+        meta: BlockMeta {
+            rows: rows.len() as u32,
+            min_start: min,
+            max_start: max,
+            max_end: max,
+            columns: metas,
+        },
+        chunks,
+        traces: Vec::new(),
+        postings: postings.encode()?,
+    })
+}
+
+/// Whole records of the given rows of a log block.
+pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<Vec<LogRecord>> {
+    let get = |name: &'static str| {
+        reader
+            .column(name, rows)?
+            .ok_or_else(|| StorageError::corrupt("log block", format!("column {name} missing")))
+    };
+    let ints: Vec<ArrayRef> = [
+        col::TIME,
+        col::OBSERVED_TIME,
+        col::SEVERITY_NUMBER,
+        col::FLAGS,
+        col::DROPPED_ATTRIBUTES,
+    ]
+    .into_iter()
+    .map(get)
+    .collect::<Result<_>>()?;
+    let ints: Vec<&Int64Array> = ints
+        .iter()
+        .map(|a| downcast::<Int64Array>(a))
+        .collect::<Result<_>>()?;
+    let (severity, body, body_value) = (
+        get(col::SEVERITY_TEXT)?,
+        get(col::BODY)?,
+        get(col::BODY_VALUE)?,
+    );
+    let (trace, span, event) = (
+        get(col::TRACE_ID)?,
+        get(col::SPAN_ID)?,
+        get(col::EVENT_NAME)?,
+    );
+    let attributes = get(col::ATTRIBUTES)?;
+    let (severity, body, event) = (
+        downcast::<StringArray>(&severity)?,
+        downcast::<StringArray>(&body)?,
+        downcast::<StringArray>(&event)?,
+    );
+    let (body_value, attributes) = (
+        downcast::<BinaryArray>(&body_value)?,
+        downcast::<BinaryArray>(&attributes)?,
+    );
+    let (trace, span) = (
+        downcast::<FixedSizeBinaryArray>(&trace)?,
+        downcast::<FixedSizeBinaryArray>(&span)?,
+    );
+    let resources = reader.resources(rows)?;
+    let scopes = reader.scopes(rows)?;
+    let mut out = Vec::with_capacity(resources.len());
+    for i in 0..resources.len() {
+        let body = if body_value.is_valid(i) {
+            Reader::new(body_value.value(i)).value()?
+        } else if body.is_valid(i) {
+            Value::Str(body.value(i).to_owned())
+        } else {
+            Value::Empty
+        };
+        out.push(LogRecord {
+            time: UnixNanos(ints[0].value(i) as u64),
+            observed_time: UnixNanos(ints[1].value(i) as u64),
+            severity_number: ints[2].value(i) as i32,
+            severity_text: severity.value(i).to_owned(),
+            body,
+            attributes: match attributes.is_valid(i) {
+                true => Reader::new(attributes.value(i)).attrs()?,
+                false => Vec::new(),
+            },
+            dropped_attributes_count: ints[4].value(i) as u32,
+            flags: ints[3].value(i) as u32,
+            trace_id: trace
+                .is_valid(i)
+                .then(|| TraceId::from_slice(trace.value(i)))
+                .flatten(),
+            span_id: span
+                .is_valid(i)
+                .then(|| SpanId::from_slice(span.value(i)))
+                .flatten(),
+            event_name: event.value(i).to_owned(),
+            resource: resources[i].clone(),
+            scope: scopes[i].clone(),
+        });
+    }
+    Ok(out)
+}
+
+fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
+    a.as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| StorageError::corrupt("log block", "column of an unexpected type"))
+}

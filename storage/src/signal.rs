@@ -1,0 +1,112 @@
+//! What the engine needs to know about a signal's rows, said once per signal: how a row is
+//! identified (so that a retried batch is stored once), which time places it in a window and
+//! under retention, how rows go to the write-ahead head and back, and how a block of them is
+//! built and read back (for merging). Everything else (the head, group commit, flush by size
+//! and age, block metas, postings, caches, merging, retention) is written once, in
+//! [`crate::store`], for every signal.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use crate::block::{BlockReader, BuiltBlock, reader::Rows};
+use crate::error::Result;
+use crate::keys::Signal;
+use crate::model::{LogRecord, SpanId, SpanRecord, TraceId, UnixNanos};
+use crate::store::ChunkFetcher;
+
+/// A row of a signal.
+pub trait Row: Clone + Send + Sync + 'static {
+    const SIGNAL: Signal;
+    /// What makes two rows the same row (a client's retry).
+    type Id: Copy + Eq + Hash + Debug + Send + Sync + 'static;
+
+    fn id(&self) -> Self::Id;
+    /// The time that places the row in a window and under retention.
+    fn time(&self) -> UnixNanos;
+    /// The trace the row belongs to, if any (the head's trace index).
+    fn trace_id(&self) -> Option<TraceId>;
+    /// Rows as one write-ahead value.
+    fn encode_rows(rows: &[Self]) -> Vec<u8>;
+    fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>>;
+    /// Sorts rows in the signal's block order and builds a block of them.
+    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock>;
+    /// Every row of a block, for merging it into another.
+    fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>>;
+    /// Splits rows into parts of about `max` rows, one block each.
+    fn split(rows: Vec<&Self>, max: usize) -> Vec<Vec<&Self>> {
+        rows.chunks(max.max(1)).map(<[_]>::to_vec).collect()
+    }
+}
+
+impl Row for SpanRecord {
+    const SIGNAL: Signal = Signal::Spans;
+    type Id = (TraceId, SpanId);
+
+    fn id(&self) -> Self::Id {
+        (self.trace_id, self.span_id)
+    }
+    fn time(&self) -> UnixNanos {
+        self.start
+    }
+    fn trace_id(&self) -> Option<TraceId> {
+        Some(self.trace_id)
+    }
+    fn encode_rows(rows: &[Self]) -> Vec<u8> {
+        crate::codec::encode_spans(rows)
+    }
+    fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>> {
+        crate::codec::decode_spans(bytes)
+    }
+    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock> {
+        crate::block::build_block(rows)
+    }
+    fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
+        reader.spans(&Rows::All, true)
+    }
+    /// Never splits a trace unless a single trace alone exceeds `max`: a trace read by id
+    /// then touches as few blocks as possible.
+    fn split(mut rows: Vec<&Self>, max: usize) -> Vec<Vec<&Self>> {
+        if rows.len() <= max {
+            return vec![rows];
+        }
+        rows.sort_by_key(|s| (s.trace_id, s.start));
+        let mut parts = Vec::new();
+        let mut current: Vec<&Self> = Vec::new();
+        for span in rows {
+            let boundary = current.last().is_some_and(|l| l.trace_id != span.trace_id);
+            if current.len() >= max && (boundary || current.len() >= 2 * max) {
+                parts.push(std::mem::take(&mut current));
+            }
+            current.push(span);
+        }
+        parts.push(current);
+        parts
+    }
+}
+
+impl Row for LogRecord {
+    const SIGNAL: Signal = Signal::Logs;
+    type Id = (u64, u64);
+
+    fn id(&self) -> Self::Id {
+        self.digest()
+    }
+    fn time(&self) -> UnixNanos {
+        self.time
+    }
+    fn trace_id(&self) -> Option<TraceId> {
+        self.trace_id
+    }
+    fn encode_rows(rows: &[Self]) -> Vec<u8> {
+        crate::codec::encode_logs(rows)
+    }
+    fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>> {
+        crate::codec::decode_logs(bytes)
+    }
+    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock> {
+        crate::block::logs::build(rows)
+    }
+    fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
+        crate::block::logs::read(reader, &Rows::All)
+    }
+}

@@ -1,0 +1,158 @@
+//! Reading log records: one scan over a snapshot's blocks and head rows, by time range and
+//! postings terms, to Arrow columns. Head rows go through the same column builders a block is
+//! written with ([`LogColumns`]), so a reader sees one kind of batch whichever it came from.
+
+use arrow::array::{ArrayRef, RecordBatch};
+
+use super::*;
+use crate::block::logs::{self, LogColumns, col, dim};
+
+/// What a log scan reads: a time range (inclusive, Unix nanoseconds), the postings terms a
+/// row must have (one of the terms of every dimension given), and the columns to return.
+#[derive(Clone, Debug, Default)]
+pub struct LogScan {
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    /// (dimension of [`dim`], terms).
+    pub terms: Vec<(&'static str, Vec<String>)>,
+    /// Columns of [`col::ALL`] to return; all of them when empty.
+    pub columns: Vec<&'static str>,
+}
+
+impl LogScan {
+    fn in_range(&self, t: u64) -> bool {
+        self.from.is_none_or(|f| t >= f) && self.to.is_none_or(|e| t <= e)
+    }
+
+    fn overlaps(&self, meta: &BlockMeta) -> bool {
+        self.from.is_none_or(|f| meta.max_start >= f) && self.to.is_none_or(|e| meta.min_start <= e)
+    }
+
+    fn covers(&self, meta: &BlockMeta) -> bool {
+        self.in_range(meta.min_start) && self.in_range(meta.max_start)
+    }
+
+    fn columns(&self) -> Vec<&'static str> {
+        if self.columns.is_empty() {
+            col::ALL.to_vec()
+        } else {
+            self.columns.clone()
+        }
+    }
+
+    fn head_row_matches(&self, l: &LogRecord) -> bool {
+        self.in_range(l.time.0)
+            && self.terms.iter().all(|(d, terms)| {
+                let value = match *d {
+                    dim::SERVICE => l.service_name(),
+                    dim::SEVERITY => &l.severity_text,
+                    dim::EVENT_NAME => &l.event_name,
+                    _ => return true,
+                };
+                terms.iter().any(|t| t == value)
+            })
+    }
+}
+
+impl Store {
+    /// The log rows of a snapshot that a scan asks for, one batch per block (and one for the
+    /// head), with the scan's columns under their block names.
+    pub fn scan_logs(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<LogRecord>,
+        scan: &LogScan,
+    ) -> Result<Vec<RecordBatch>> {
+        let columns = scan.columns();
+        let mut out = Vec::new();
+        for (addr, meta) in snapshot.blocks.iter() {
+            if !scan.overlaps(meta) {
+                continue;
+            }
+            let Some(rows) = self.log_rows(tenant, snapshot, *addr, meta, scan)? else {
+                continue;
+            };
+            let reader = self.reader_of(tenant, Signal::Logs, *addr, meta);
+            let arrays = columns
+                .iter()
+                .map(|c| {
+                    reader.column(c, &rows)?.ok_or_else(|| {
+                        StorageError::corrupt("log block", format!("column {c} missing"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.push(batch(&columns, arrays)?);
+        }
+        let mut head: Vec<&LogRecord> = snapshot
+            .head
+            .rows()
+            .filter(|l| scan.head_row_matches(l))
+            .collect();
+        if !head.is_empty() {
+            logs::sort(&mut head);
+            let mut builders = LogColumns::with_capacity(head.len());
+            head.iter().for_each(|l| builders.push(l));
+            let arrays = builders
+                .finish()
+                .into_iter()
+                .filter(|(name, _, _)| columns.contains(name))
+                .map(|(name, array, _)| (name, array));
+            let mut arrays: Vec<(&str, ArrayRef)> = arrays.collect();
+            arrays.sort_by_key(|(name, _)| columns.iter().position(|c| c == name));
+            out.push(batch(
+                &columns,
+                arrays.into_iter().map(|(_, a)| a).collect(),
+            )?);
+        }
+        Ok(out)
+    }
+
+    /// The rows of a log block a scan reads: `None` when none.
+    fn log_rows(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<LogRecord>,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        scan: &LogScan,
+    ) -> Result<Option<Rows>> {
+        let mut sets = Vec::new();
+        for (d, terms) in &scan.terms {
+            let postings = self.dimension_in(tenant, Signal::Logs, addr, d)?;
+            sets.push(terms::rows_with_any(&postings, terms).into_owned());
+        }
+        let mut rows = (!sets.is_empty()).then(|| {
+            terms::intersect(
+                sets.into_iter().map(std::borrow::Cow::Owned).collect(),
+                meta.rows,
+            )
+        });
+        let by_time = !scan.covers(meta) || snapshot.straddles(meta);
+        if by_time {
+            let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
+            let times = self
+                .reader_of(tenant, Signal::Logs, addr, meta)
+                .ints(col::TIME, &Rows::All)?;
+            let live: RoaringBitmap = (0..meta.rows)
+                .zip(times)
+                .filter(|(_, t)| *t as u64 >= cutoff && scan.in_range(*t as u64))
+                .map(|(r, _)| r)
+                .collect();
+            rows = Some(match rows {
+                Some(r) => r & live,
+                None => live,
+            });
+        }
+        Ok(match rows {
+            None => Some(Rows::All),
+            Some(r) if r.is_empty() => None,
+            Some(r) if r.len() == u64::from(meta.rows) => Some(Rows::All),
+            Some(r) => Some(Rows::Set(r)),
+        })
+    }
+}
+
+fn batch(columns: &[&'static str], arrays: Vec<ArrayRef>) -> Result<RecordBatch> {
+    RecordBatch::try_from_iter(columns.iter().copied().zip(arrays))
+        .map_err(|e| StorageError::corrupt("log columns", e.to_string()))
+}
