@@ -10,6 +10,8 @@ use weft_storage::{Store, StoreOptions};
 
 use super::*;
 
+mod logs;
+
 const BASE: u64 = 1_700_000_000_000_000_000;
 
 /// Requests shaped like LLM serving: a gateway root, a generate span with the dimensions, and

@@ -8,6 +8,8 @@ use super::*;
 use crate::model::*;
 use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, TRACE_DIM_PREFIX};
 
+mod logs;
+
 fn tenant(name: &str) -> TenantId {
     TenantId::new(name).unwrap()
 }
