@@ -26,8 +26,8 @@ pub fn decode_protobuf(bytes: &[u8]) -> Result<ExportLogsServiceRequest, IngestE
     })
 }
 
-/// The valid records of a request as storage rows. `now` stands in for a record that has
-/// neither a time nor an observed time.
+/// The valid records of a request as storage rows. A record's time falls back to its
+/// observed time and the other way round; `now` stands in for a record that has neither.
 pub fn convert_request(
     req: ExportLogsServiceRequest,
     limits: SpanLimits,
@@ -78,13 +78,14 @@ fn log(
             ),
         ));
     }
-    let observed = match l.observed_time_unix_nano {
-        0 => now.0,
-        t => t,
-    };
-    let time = match l.time_unix_nano {
-        0 => observed,
-        t => t,
+    // each time stands in for the other when it is missing; `now` only when both are (a
+    // record's identity includes its times, so a retry of a record with a time is the same
+    // record, and one with neither cannot be told from a new one)
+    let (time, observed) = match (l.time_unix_nano, l.observed_time_unix_nano) {
+        (0, 0) => (now.0, now.0),
+        (0, o) => (o, o),
+        (t, 0) => (t, t),
+        (t, o) => (t, o),
     };
     check_retention(time, "time_unix_nano", limits)?;
     check_sizes(&l.attributes, "attribute", limits)?;

@@ -144,7 +144,8 @@ fn a_log_scan_by_time_and_terms_agrees_with_a_naive_filter() {
     let snapshot = store.log_snapshot(&t);
     assert!(!snapshot.blocks.is_empty() && snapshot.head.rows().next().is_some());
     let (from, to) = (T0 + 300 * 1_000_000, T0 + 1_700 * 1_000_000);
-    let cases: Vec<(Option<u64>, Option<u64>, Vec<(&'static str, Vec<String>)>)> = vec![
+    type Terms = Vec<(&'static str, Vec<String>)>;
+    let cases: Vec<(Option<u64>, Option<u64>, Terms)> = vec![
         (None, None, vec![]),
         (Some(from), Some(to), vec![]),
         (None, None, vec![(dim::SERVICE, vec!["vllm".into()])]),
