@@ -14,7 +14,9 @@ use weft_storage::StoreOptions;
 
 use crate::time::parse_duration;
 
+mod redaction;
 mod retention;
+use redaction::RedactionKeys;
 use retention::RetentionKeys;
 
 /// `weft serve` options. Each is also a `WEFT_*` environment variable and a key of the TOML
@@ -64,6 +66,10 @@ pub struct ServeArgs {
     /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
     #[arg(long, env = "WEFT_MERGE_IDLE")]
     pub merge_idle: Option<String>,
+    /// Compression of column chunks: zstd (where it pays) or none, so that a byte search of
+    /// the data directory finds every stored value [default: zstd].
+    #[arg(long, env = "WEFT_COMPRESSION")]
+    pub compression: Option<String>,
     /// How long rows are kept, e.g. 30d; 0 keeps them forever [default: 0]. Per tenant and per
     /// signal in the TOML file (`[tenants.NAME]`).
     #[arg(long, env = "WEFT_RETENTION")]
@@ -77,6 +83,14 @@ pub struct ServeArgs {
     /// How long metric points are kept, overriding --retention.
     #[arg(long, env = "WEFT_METRICS_RETENTION")]
     pub metrics_retention: Option<String>,
+    /// Keep content attributes (prompts, completions) as they came instead of a hash and a
+    /// length [default: false]. Per tenant in the TOML file (`[tenants.NAME.redaction]`).
+    #[arg(long, env = "WEFT_CAPTURE_CONTENT")]
+    pub capture_content: Option<bool>,
+    /// Replace personal data (e-mail addresses, phone and card numbers, API keys, bearer
+    /// tokens, IP addresses) in log bodies and attributes by placeholders [default: true].
+    #[arg(long, env = "WEFT_REDACT_PII")]
+    pub redact_pii: Option<bool>,
     /// PostgreSQL wire protocol listen address, host:port [default: 127.0.0.1:5433].
     #[arg(long, env = "WEFT_PG_LISTEN")]
     pub pg_listen: Option<String>,
@@ -114,11 +128,14 @@ struct FileConfig {
     block_window: Option<String>,
     cache_bytes: Option<usize>,
     merge_idle: Option<String>,
+    compression: Option<String>,
     retention: Option<String>,
     spans_retention: Option<String>,
     logs_retention: Option<String>,
     metrics_retention: Option<String>,
-    /// Per-tenant settings: `[tenants.acme]` with retention keys.
+    /// Redaction of every tenant: `[redaction]`.
+    redaction: Option<RedactionKeys>,
+    /// Per-tenant settings: `[tenants.acme]` with retention keys and a `redaction` table.
     #[serde(default)]
     tenants: BTreeMap<String, RetentionKeys>,
     pg_listen: Option<String>,
@@ -141,6 +158,7 @@ pub struct Config {
     pub pg_listen: SocketAddr,
     pub pg_password: Option<String>,
     pub sql: SqlConfig,
+    pub redaction: weft_ingest::redact::RedactionPolicy,
     pub log: String,
 }
 
@@ -158,6 +176,20 @@ pub enum ConfigError {
     },
     #[error("{key}: {detail}")]
     Invalid { key: &'static str, detail: String },
+}
+
+fn compression(
+    value: Option<String>,
+) -> Result<weft_storage::block::format::Compression, ConfigError> {
+    use weft_storage::block::format::Compression;
+    match value.as_deref() {
+        None | Some("zstd") => Ok(Compression::Zstd),
+        Some("none") => Ok(Compression::None),
+        Some(other) => Err(ConfigError::Invalid {
+            key: "compression",
+            detail: format!("{other:?} is not zstd or none"),
+        }),
+    }
 }
 
 fn addr(
@@ -255,18 +287,21 @@ impl Config {
                 args.merge_idle.or(file.merge_idle),
                 store_default.merge_idle,
             )?,
+            compression: compression(args.compression.or(file.compression))?,
             retention: retention::retention(
                 RetentionKeys {
                     retention: args.retention,
                     spans_retention: args.spans_retention,
                     logs_retention: args.logs_retention,
                     metrics_retention: args.metrics_retention,
+                    redaction: None,
                 }
                 .or(RetentionKeys {
                     retention: file.retention,
                     spans_retention: file.spans_retention,
                     logs_retention: file.logs_retention,
                     metrics_retention: file.metrics_retention,
+                    redaction: None,
                 }),
                 &file.tenants,
             )?,
@@ -309,7 +344,17 @@ impl Config {
                 detail: "must be greater than 0".into(),
             });
         }
+        let redaction = redaction::policy(
+            RedactionKeys {
+                capture_content: args.capture_content,
+                redact_pii: args.redact_pii,
+                ..Default::default()
+            }
+            .or(file.redaction.unwrap_or_default()),
+            &file.tenants,
+        )?;
         Ok(Self {
+            redaction,
             pg_listen: addr(
                 "pg_listen",
                 args.pg_listen.or(file.pg_listen),

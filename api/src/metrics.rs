@@ -163,6 +163,10 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
             load(n)
         );
     }
+    out.push_str("# HELP weft_redactions_total Values redacted at ingest, by rule (content: a content attribute or log body segment replaced by its hash and length).\n# TYPE weft_redactions_total counter\n");
+    for (rule, n) in i.redactions.snapshot() {
+        let _ = writeln!(out, "weft_redactions_total{{rule=\"{rule}\"}} {n}");
+    }
     out.push_str("# HELP weft_request_duration_seconds Request latency by route.\n# TYPE weft_request_duration_seconds histogram\n");
     requests.render(&mut out);
     let s = &store.stats;

@@ -99,7 +99,9 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
             source,
         })?;
     let store = Arc::new(store);
-    let ingester = Arc::new(Ingester::new(store.clone(), config.limits));
+    let ingester = Arc::new(
+        Ingester::new(store.clone(), config.limits).with_redaction(config.redaction.clone()),
+    );
     let state: SharedState = Arc::new(AppState {
         store: store.clone(),
         ingester,

@@ -9,6 +9,7 @@ pub mod body;
 pub mod error;
 pub mod otlp;
 pub mod pipeline;
+pub mod redact;
 
 pub use error::IngestError;
 pub use pipeline::{ExportOutcome, Format, Ingester, Limits, RejectReason};

@@ -86,6 +86,8 @@ pub struct IngestStats {
     /// Log records refused by validation, indexed like [`RejectReason::ALL`] (a request
     /// refused whole counts in `rejected`, whatever its signal).
     pub logs_rejected: [AtomicU64; 8],
+    /// Redactions made, by rule.
+    pub redactions: crate::redact::RedactionStats,
 }
 
 impl IngestStats {
@@ -123,6 +125,7 @@ pub enum Format {
 pub struct Ingester {
     store: Arc<Store>,
     limits: Limits,
+    redaction: crate::redact::RedactionPolicy,
     inflight: Arc<Semaphore>,
     pub stats: IngestStats,
 }
@@ -135,9 +138,17 @@ impl Ingester {
         Self {
             store,
             limits,
+            redaction: Default::default(),
             inflight: Arc::new(Semaphore::new(permits)),
             stats: IngestStats::default(),
         }
+    }
+
+    /// Redacts each tenant's rows as `policy` says (the default redacts content attributes
+    /// and personal data).
+    pub fn with_redaction(mut self, policy: crate::redact::RedactionPolicy) -> Self {
+        self.redaction = policy;
+        self
     }
 
     pub fn limits(&self) -> Limits {

@@ -8,6 +8,7 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 
+use crate::block::format::Compression;
 use crate::block::{BlockReader, BuiltBlock, reader::Rows};
 use crate::error::Result;
 use crate::keys::Signal;
@@ -29,7 +30,7 @@ pub trait Row: Clone + Send + Sync + 'static {
     fn encode_rows(rows: &[Self]) -> Vec<u8>;
     fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>>;
     /// Sorts rows in the signal's block order and builds a block of them.
-    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock>;
+    fn build_block(rows: Vec<&Self>, compression: Compression) -> Result<BuiltBlock>;
     /// Every row of a block, for merging it into another.
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>>;
     /// Splits rows into parts of about `max` rows, one block each.
@@ -57,8 +58,8 @@ impl Row for SpanRecord {
     fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>> {
         crate::codec::decode_spans(bytes)
     }
-    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock> {
-        crate::block::build_block(rows)
+    fn build_block(rows: Vec<&Self>, compression: Compression) -> Result<BuiltBlock> {
+        crate::block::writer::build_block_with(rows, compression)
     }
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         reader.spans(&Rows::All, true)
@@ -103,8 +104,8 @@ impl Row for LogRecord {
     fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>> {
         crate::codec::decode_logs(bytes)
     }
-    fn build_block(rows: Vec<&Self>) -> Result<BuiltBlock> {
-        crate::block::logs::build(rows)
+    fn build_block(rows: Vec<&Self>, compression: Compression) -> Result<BuiltBlock> {
+        crate::block::logs::build(rows, compression)
     }
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         crate::block::logs::read(reader, &Rows::All)

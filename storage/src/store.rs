@@ -59,6 +59,8 @@ pub struct StoreOptions {
     pub clock: Arc<dyn Clock>,
     /// A window that received no block for this long has all its small blocks merged.
     pub merge_idle: Duration,
+    /// Compression of column chunks (`None`: every value is on disk as it came).
+    pub compression: crate::block::format::Compression,
 }
 
 impl Default for StoreOptions {
@@ -72,6 +74,7 @@ impl Default for StoreOptions {
             retention: Retention::default(),
             clock: Arc::new(SystemClock),
             merge_idle: Duration::from_secs(60),
+            compression: Default::default(),
         }
     }
 }
@@ -788,7 +791,7 @@ impl Store {
                     block: self.next_block_id(),
                 };
                 rows += part.len() as u64;
-                let built = R::build_block(part)?;
+                let built = R::build_block(part, self.opts.compression)?;
                 self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
                 self.stats
                     .block_bytes_written

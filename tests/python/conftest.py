@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 class Weft:
-    def __init__(self, data_dir: pathlib.Path):
+    def __init__(self, data_dir: pathlib.Path, extra: tuple = ()):
         self.grpc_port, self.otlp_port, self.http_port = free_port(), free_port(), free_port()
         self.pg_port = free_port()
         self.http = f"http://127.0.0.1:{self.http_port}"
@@ -41,6 +41,7 @@ class Weft:
                 "--otlp-http-listen", f"127.0.0.1:{self.otlp_port}",
                 "--http-listen", f"127.0.0.1:{self.http_port}",
                 "--pg-listen", f"127.0.0.1:{self.pg_port}",
+                *extra,
             ],
             env={**os.environ, "WEFT_LOG": "warn"},
         )

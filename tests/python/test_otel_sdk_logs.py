@@ -97,7 +97,7 @@ def test_a_json_log_export_refuses_a_bad_record_alone_and_keeps_an_empty_one(wef
         {"timeUnixNano": "1764460800000000000", "severityNumber": "SEVERITY_NUMBER_WARN",
          "severityText": "WARN", "body": {"kvlistValue": {"values": [
              {"key": "prefill_ms", "value": {"doubleValue": 12.5}}]}},
-         "eventName": "gen_ai.choice"},
+         "eventName": "vllm.inference.metrics"},
         {"timeUnixNano": "1764460800000000001", "traceId": "abcd", "body": {"stringValue": "bad id"}},
         {"observedTimeUnixNano": "1764460800000000002"},
     ]
@@ -113,7 +113,7 @@ def test_a_json_log_export_refuses_a_bad_record_alone_and_keeps_an_empty_one(wef
     post_logs(weft, body)
     rows = sql(weft, "json-logs",
                "SELECT body, event_name, severity_number, time = observed_time FROM logs ORDER BY time")
-    assert rows == [('{"prefill_ms":12.5}', "gen_ai.choice", 13, True), (None, "", 0, True)]
+    assert rows == [('{"prefill_ms":12.5}', "vllm.inference.metrics", 13, True), (None, "", 0, True)]
     with urllib.request.urlopen(f"{weft.http}/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert "weft_logs_accepted_total 2" in metrics

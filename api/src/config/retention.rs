@@ -13,7 +13,8 @@ use weft_storage::retention::{Retention, RetentionRule};
 use super::ConfigError;
 use crate::time::parse_duration;
 
-/// The four retention keys of one scope (the top level, or one tenant's table).
+/// The four retention keys of one scope (the top level, or one tenant's table; a tenant's
+/// table also holds its `redaction` table, see [`super::redaction`]).
 #[derive(Deserialize, Debug, Default, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionKeys {
@@ -21,6 +22,7 @@ pub struct RetentionKeys {
     pub spans_retention: Option<String>,
     pub logs_retention: Option<String>,
     pub metrics_retention: Option<String>,
+    pub redaction: Option<super::redaction::RedactionKeys>,
 }
 
 impl RetentionKeys {
@@ -31,6 +33,7 @@ impl RetentionKeys {
             spans_retention: self.spans_retention.or(other.spans_retention),
             logs_retention: self.logs_retention.or(other.logs_retention),
             metrics_retention: self.metrics_retention.or(other.metrics_retention),
+            redaction: self.redaction.or(other.redaction),
         }
     }
 

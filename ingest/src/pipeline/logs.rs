@@ -57,7 +57,11 @@ impl Ingester {
                 .zip(self.store.cutoff(tenant, Signal::Logs))
                 .map(|(d, c)| (c, d)),
         };
-        let converted = logs::convert_request(req, limits, options.clock.now());
+        let mut converted = logs::convert_request(req, limits, options.clock.now());
+        // before the write-ahead head: nothing unredacted reaches the disk
+        self.redaction
+            .of(tenant)
+            .logs(&mut converted.rows, &self.stats.redactions);
         for (reason, n) in &converted.rejected {
             self.stats.count_rejected_logs(*reason, *n as u64);
         }

@@ -57,7 +57,11 @@ impl Ingester {
                 .zip(self.store.cutoff(tenant, Signal::Spans))
                 .map(|(d, c)| (c, d)),
         };
-        let converted = convert_request(req, limits);
+        let mut converted = convert_request(req, limits);
+        // before the write-ahead head: nothing unredacted reaches the disk
+        self.redaction
+            .of(tenant)
+            .spans(&mut converted.rows, &self.stats.redactions);
         for (reason, n) in &converted.rejected {
             self.stats.count_rejected(*reason, *n as u64);
         }

@@ -33,7 +33,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
 };
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression as ParquetCompression, Encoding, ZstdLevel};
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use roaring::RoaringBitmap;
@@ -294,8 +294,23 @@ pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
     Ok(out)
 }
 
-/// Encodes one Arrow array as a single-column Parquet chunk.
+/// Whether column chunks may be compressed (zstd where it pays). Off, every value a row holds
+/// is in the chunk whole, as it came (plain encoding past a dictionary), so that a byte search
+/// of the data directory means something.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compression {
+    #[default]
+    Zstd,
+    None,
+}
+
+/// Encodes one Arrow array as a single-column Parquet chunk, zstd-compressed where it pays.
 pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
+    encode_chunk_with(array, enc, Compression::Zstd)
+}
+
+/// [`encode_chunk`], compressed only when `compression` allows.
+pub fn encode_chunk_with(array: &ArrayRef, enc: Enc, compression: Compression) -> Result<Vec<u8>> {
     if enc == Enc::Packed {
         let ints = array
             .as_any()
@@ -306,8 +321,11 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
             })?;
         return Ok(super::packed::encode(ints.values(), PAGE_ROWS));
     }
-    let zstd = Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
-    let (out, metadata) = write_parquet_chunk(array, enc, zstd)?;
+    if compression == Compression::None {
+        return Ok(write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, true)?.0);
+    }
+    let zstd = ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
+    let (out, metadata) = write_parquet_chunk(array, enc, zstd, false)?;
     let sizes = metadata.row_groups().iter().flat_map(|g| g.columns());
     let (compressed, raw) = sizes.fold((0, 0), |(c, r), column| {
         (c + column.compressed_size(), r + column.uncompressed_size())
@@ -315,7 +333,7 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
     if compressed * 10 > raw * 9 {
         // zstd saves less than a tenth (dictionary keys of a few values, random ids): stored
         // uncompressed, a chunk reads without creating a codec (zstd contexts) per read
-        return Ok(write_parquet_chunk(array, enc, Compression::UNCOMPRESSED)?.0);
+        return Ok(write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, false)?.0);
     }
     Ok(out)
 }
@@ -323,7 +341,8 @@ pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
 fn write_parquet_chunk(
     array: &ArrayRef,
     enc: Enc,
-    compression: Compression,
+    compression: ParquetCompression,
+    verbatim: bool,
 ) -> Result<(Vec<u8>, ParquetMetaData)> {
     let field = Field::new("v", array.data_type().clone(), true);
     let schema = Arc::new(Schema::new(vec![field]));
@@ -346,6 +365,11 @@ fn write_parquet_chunk(
         Enc::Plain => props.set_dictionary_enabled(false),
         Enc::Packed => unreachable!("bit-packed chunks return above"),
     };
+    if verbatim && matches!(enc, Enc::Dict | Enc::Plain) {
+        // values whole, as they came (not prefix-delta-encoded, the default for byte arrays
+        // past the dictionary): what `Compression::None` promises
+        props = props.set_encoding(Encoding::PLAIN);
+    }
     let options = ArrowWriterOptions::new()
         .with_properties(props.build())
         .with_skip_arrow_metadata(true);
@@ -473,16 +497,23 @@ mod tests {
             })
             .collect();
         let ids: ArrayRef = Arc::new(Int64Array::from(ids));
-        assert_eq!(compression(ids, Enc::Plain), Compression::UNCOMPRESSED);
+        assert_eq!(
+            compression(ids, Enc::Plain),
+            ParquetCompression::UNCOMPRESSED
+        );
         // repeated text: zstd saves most of it
         let text: Vec<String> = (0..20_000)
             .map(|i| format!("request {} of the batch was served", i % 50))
             .collect();
         let text: ArrayRef = Arc::new(StringArray::from(text));
         assert!(matches!(
-            compression(text, Enc::Plain),
-            Compression::ZSTD(_)
+            compression(text.clone(), Enc::Plain),
+            ParquetCompression::ZSTD(_)
         ));
+        // unless compression is off: then every value is in the chunk as it came
+        let bytes = encode_chunk_with(&text, Enc::Plain, Compression::None).unwrap();
+        let needle = b"request 49 of the batch was served";
+        assert!(bytes.windows(needle.len()).any(|w| w == needle));
     }
 
     #[test]

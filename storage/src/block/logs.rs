@@ -16,7 +16,9 @@ use arrow::array::{
     Int64Array, Int64Builder, StringArray, StringBuilder,
 };
 
-use super::format::{BlockMeta, ColumnKind, ColumnMeta, Enc, Transform, encode_chunk};
+use super::format::{
+    BlockMeta, ColumnKind, ColumnMeta, Compression, Enc, Transform, encode_chunk_with,
+};
 use super::reader::{BlockReader, ChunkSource, Rows};
 use super::writer::{BuiltBlock, Postings, append_blob};
 use crate::codec::{Reader, Writer};
@@ -224,7 +226,7 @@ pub fn sort(rows: &mut [&LogRecord]) {
 }
 
 /// Sorts rows and builds a block of them.
-pub fn build(mut rows: Vec<&LogRecord>) -> Result<BuiltBlock> {
+pub fn build(mut rows: Vec<&LogRecord>, compression: Compression) -> Result<BuiltBlock> {
     sort(&mut rows);
     let mut columns = LogColumns::with_capacity(rows.len());
     let mut postings = Postings::default();
@@ -240,7 +242,7 @@ pub fn build(mut rows: Vec<&LogRecord>) -> Result<BuiltBlock> {
     let mut metas = Vec::new();
     let mut chunks = Vec::new();
     for (name, array, enc) in columns.finish() {
-        let bytes = encode_chunk(&array, enc)?;
+        let bytes = encode_chunk_with(&array, enc, compression)?;
         metas.push(ColumnMeta {
             name: name.to_owned(),
             ty: None,

@@ -12,8 +12,8 @@ use arrow::array::{
 use roaring::RoaringBitmap;
 
 use super::format::{
-    BlockMeta, ColumnKind, ColumnMeta, Enc, PAGE_ROWS, TraceEntry, Transform, encode_chunk,
-    encode_postings,
+    BlockMeta, ColumnKind, ColumnMeta, Compression, Enc, PAGE_ROWS, TraceEntry, Transform,
+    encode_chunk_with, encode_postings,
 };
 use crate::codec::Writer;
 use crate::error::Result;
@@ -219,8 +219,16 @@ impl Postings {
     }
 }
 
-/// Sorts `rows` by (trace, start, span) and builds the block.
-pub fn build_block(mut rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
+/// Sorts `rows` by (trace, start, span) and builds the block, compressed where it pays.
+pub fn build_block(rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
+    build_block_with(rows, Compression::Zstd)
+}
+
+/// [`build_block`] with the given chunk compression.
+pub fn build_block_with(
+    mut rows: Vec<&SpanRecord>,
+    compression: Compression,
+) -> Result<BuiltBlock> {
     rows.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
     let dynamic = choose_dynamic(&rows);
     let dynamic_index: HashMap<&str, usize> = dynamic
@@ -393,7 +401,7 @@ pub fn build_block(mut rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
             }
             None => (array, enc, Transform::None),
         };
-        let bytes = encode_chunk(&array, enc)?;
+        let bytes = encode_chunk_with(&array, enc, compression)?;
         columns.push(ColumnMeta {
             name: name.clone(),
             ty,

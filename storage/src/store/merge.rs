@@ -123,7 +123,7 @@ impl Store {
                 window,
                 block: self.next_block_id(),
             };
-            let built = R::build_block(part)?;
+            let built = R::build_block(part, self.opts.compression)?;
             self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
             written.push((addr, Arc::new(built.meta)));
         }

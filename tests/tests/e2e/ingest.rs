@@ -113,10 +113,14 @@ fn rich_trace(
     req
 }
 
+/// Content capture on: these tests read back what they sent, prompts included (redaction has
+/// tests of its own).
+const CAPTURE: &[&str] = &["--capture-content", "true"];
+
 #[tokio::test(flavor = "multi_thread")]
 async fn protobuf_over_http_reads_back_equal_before_and_after_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = Weft::start(dir.path(), &[]);
+    let mut w = Weft::start(dir.path(), CAPTURE);
     let c = Client::new();
     let trace = id16(1);
     let sent = rich_trace(&trace);
@@ -160,7 +164,7 @@ async fn protobuf_over_http_reads_back_equal_before_and_after_flush() {
 #[tokio::test(flavor = "multi_thread")]
 async fn json_over_http_with_gzip_reads_back_as_otlp_json() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Weft::start(dir.path(), &[]);
+    let w = Weft::start(dir.path(), CAPTURE);
     let c = Client::new();
     let body = serde_json::json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "llm-gateway"}}]},
         "scopeSpans": [{"scope": {"name": "curl"}, "spans": [
@@ -215,7 +219,7 @@ async fn json_over_http_with_gzip_reads_back_as_otlp_json() {
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_with_gzip_and_tenant_metadata() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Weft::start(dir.path(), &[]);
+    let w = Weft::start(dir.path(), CAPTURE);
     let c = Client::new();
     let mut client = TraceServiceClient::connect(w.grpc.clone())
         .await
