@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod error;
+pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod server;

@@ -163,6 +163,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
             load(n)
         );
     }
+    counter(
+        &mut out,
+        "weft_log_parse_failures_total",
+        "Log records whose body looked structured but did not parse (kept as they came).",
+        load(&i.log_parse.failures),
+    );
     out.push_str("# HELP weft_redactions_total Values redacted at ingest, by rule (content: a content attribute or log body segment replaced by its hash and length).\n# TYPE weft_redactions_total counter\n");
     for (rule, n) in i.redactions.snapshot() {
         let _ = writeln!(out, "weft_redactions_total{{rule=\"{rule}\"}} {n}");

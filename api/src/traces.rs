@@ -1,7 +1,7 @@
 //! The native trace API on the query port: a whole trace by id, and trace search.
 
 mod get;
-mod search;
+pub(crate) mod search;
 
 use axum::Router;
 use axum::routing::get as get_route;

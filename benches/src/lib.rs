@@ -5,10 +5,12 @@
 //! and `postprocessor`, with one `llm.decode.token` span per output token, a few percent of
 //! errors, Poisson arrivals and optional injected anomalies. The `weft-bench` binary writes it
 //! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups;
-//! [`peers`] runs the canonical SQL queries on Weft, DuckDB and chDB over the same data.
+//! [`peers`] runs the canonical SQL queries on Weft, DuckDB and chDB over the same data;
+//! [`logs`] makes the requests' logs.
 
 pub mod client;
 pub mod files;
 pub mod generator;
+pub mod logs;
 pub mod peers;
 pub mod pgclient;

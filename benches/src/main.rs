@@ -17,6 +17,8 @@ use weft_bench::client::Client;
 use weft_bench::files::{read_otlp, write_otlp, write_parquet};
 use weft_bench::generator::{GenConfig, Generator, batches};
 
+mod logs_bench;
+
 #[derive(Parser)]
 #[command(name = "weft-bench", about = "Load generator and benchmarks for Weft")]
 struct Cli {
@@ -120,6 +122,29 @@ enum Cmd {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// Start a server, send N log records, report records/s, peak RSS, bytes per record and
+    /// the latency of one-term log searches (a newest-first page of 20).
+    IngestLogs {
+        /// Log records to generate (whole requests: a few more).
+        #[arg(long, default_value_t = 1_000_000)]
+        records: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Records per OTLP message.
+        #[arg(long, default_value_t = 2000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+        /// Searches to time after ingest (0: skip).
+        #[arg(long, default_value_t = 50)]
+        searches: usize,
+        /// Extra `weft serve` arguments (repeatable).
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
+    },
     /// Load the same data into Weft, DuckDB and chDB, run the canonical queries on all three,
     /// check that the answers agree, and compare times and bytes per span.
     Peers {
@@ -199,6 +224,7 @@ fn main() -> anyhow::Result<()> {
             let report = rt.block_on(send(
                 &target,
                 messages,
+                "/v1/traces",
                 concurrency,
                 rate_limit,
                 tenant.as_deref(),
@@ -234,6 +260,29 @@ fn main() -> anyhow::Result<()> {
             runs,
             concurrency,
         } => rt.block_on(peers(data, weft, python, runs, concurrency)),
+        Cmd::IngestLogs {
+            records,
+            seed,
+            batch,
+            concurrency,
+            weft,
+            searches,
+            server_arg,
+        } => {
+            let cfg = weft_bench::logs::LogConfig {
+                seed,
+                records,
+                batch,
+                ..Default::default()
+            };
+            rt.block_on(logs_bench::ingest_logs(
+                cfg,
+                concurrency,
+                weft,
+                searches,
+                server_arg,
+            ))
+        }
         Cmd::Queries {
             data,
             target,
@@ -341,6 +390,7 @@ struct Sending {
 async fn send(
     target: &str,
     messages: Outbox,
+    path: &str,
     concurrency: usize,
     rate_limit: f64,
     tenant: Option<&str>,
@@ -351,7 +401,7 @@ async fn send(
         spans_sent: 0,
     }));
     let retries = Arc::new(AtomicUsize::new(0));
-    let url = format!("{}/v1/traces", target.trim_end_matches('/'));
+    let url = format!("{}{path}", target.trim_end_matches('/'));
     let client = Client::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -590,7 +640,15 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
         .count();
 
     let (mut server, _) = start_server(&bin, &dir, &extra).await?;
-    let report = send(&server.otlp, outbox(messages), concurrency, 0.0, None).await?;
+    let report = send(
+        &server.otlp,
+        outbox(messages),
+        "/v1/traces",
+        concurrency,
+        0.0,
+        None,
+    )
+    .await?;
     let pid = server.child.id();
     let rss = peak_rss_kib(pid).unwrap_or(0);
     let spans = report.spans;
@@ -692,7 +750,15 @@ async fn peers(
     println!("generating {} spans (seed {})...", data.spans, data.seed);
     let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans))?;
     let (mut server, _) = start_server(&bin, &dir, &[]).await?;
-    let report = send(&server.otlp, streamed(&data), concurrency, 0.0, None).await?;
+    let report = send(
+        &server.otlp,
+        streamed(&data),
+        "/v1/traces",
+        concurrency,
+        0.0,
+        None,
+    )
+    .await?;
     println!("weft ingest (encoding while sending): {report}");
     terminate(&mut server)?;
     drop(compacted(&dir)?);

@@ -10,6 +10,7 @@ pub mod error;
 pub mod otlp;
 pub mod pipeline;
 pub mod redact;
+pub mod semantic;
 
 pub use error::IngestError;
 pub use pipeline::{ExportOutcome, Format, Ingester, Limits, RejectReason};

@@ -88,6 +88,8 @@ pub struct IngestStats {
     pub logs_rejected: [AtomicU64; 8],
     /// Redactions made, by rule.
     pub redactions: crate::redact::RedactionStats,
+    /// Log bodies that looked structured but did not parse.
+    pub log_parse: crate::semantic::ParseStats,
 }
 
 impl IngestStats {

@@ -6,9 +6,13 @@
 //! The second piece is SQL ([`sql`]): DataFusion over Weft's tables, with the same indexes
 //! pushed down.
 //!
+//! The third is log search ([`logs`]): a text query and filters over log records, newest
+//! first, and a trace's records.
+//!
 //! It does not speak HTTP (that is `weft-api`) and does not decode OTLP.
 
 pub mod error;
+pub mod logs;
 pub mod search;
 pub mod sql;
 

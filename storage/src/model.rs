@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::error::{Result, StorageError};
 
 mod log;
-pub use log::LogRecord;
+pub use log::{LogClass, LogRecord, LogSemantics};
 
 /// The tenant a row belongs to; the first component of every key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

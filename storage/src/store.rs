@@ -900,7 +900,17 @@ impl Store {
         tenant: &TenantId,
         trace: &TraceId,
     ) -> Result<Vec<(BlockAddr, TraceEntry)>> {
-        let prefix = keys::trace_id_prefix(tenant, SPANS, trace);
+        self.trace_locations_of(tenant, SPANS, trace)
+    }
+
+    /// [`Self::trace_locations`] in the blocks of any signal that indexes trace ids.
+    fn trace_locations_of(
+        &self,
+        tenant: &TenantId,
+        signal: Signal,
+        trace: &TraceId,
+    ) -> Result<Vec<(BlockAddr, TraceEntry)>> {
+        let prefix = keys::trace_id_prefix(tenant, signal, trace);
         let mut out = Vec::new();
         for item in self.db.prefix_iterator_cf(self.cf(CF_DATA), &prefix) {
             let (key, value) = item?;

@@ -64,13 +64,17 @@ def test_sdk_logs_are_stored_and_join_the_spans_they_were_logged_under(weft, tra
     span_id = format(generate.get_span_context().span_id, "016x")
     rows = sql(weft, tenant,
                "SELECT severity_text, severity_number, body, trace_id, span_id, service_name, "
-               "attributes['worker.id'], scope_name FROM logs ORDER BY time")
+               "attributes['worker.id'], scope_name, class, \"llm.prefill_ms\", \"llm.kv_cache.hit_rate\", "
+               "\"worker.id\" FROM logs ORDER BY time")
     assert len(rows) == 3, rows
     info, error, warning = rows
     assert info[:6] == ("INFO", 9, "prefill done prefill_ms=12.5 kv_cache_hit_rate=0.82",
                         trace_id, span_id, f"py-engine-{transport}")
     assert info[6] == "w-7"
     assert info[7] == f"weft.e2e.{transport}"
+    # parsed from the body and attributes into typed columns
+    assert info[8:] == ("inference_metrics", 12.5, 0.82, "w-7")
+    assert error[8] == "error" and warning[8] == "other"
     assert error[:3] == ("ERROR", 17, "KV cache exhausted · décodage")
     assert warning[0] == "WARN" and warning[3] is None and warning[4] is None
     joined = sql(weft, tenant,

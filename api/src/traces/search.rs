@@ -69,7 +69,7 @@ pub fn parse_request(query: &str) -> Result<SearchRequest, ApiError> {
 }
 
 /// `application/x-www-form-urlencoded` pairs, percent- and plus-decoded.
-fn form_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn form_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
     query
         .split('&')
         .filter(|p| !p.is_empty())

@@ -115,6 +115,8 @@ fn log(
         event_name: l.event_name,
         resource: resource.clone(),
         scope: scope.clone(),
+        // parsed after redaction (see `crate::semantic`)
+        semantics: Default::default(),
     })
 }
 

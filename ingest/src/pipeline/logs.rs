@@ -62,6 +62,7 @@ impl Ingester {
         self.redaction
             .of(tenant)
             .logs(&mut converted.rows, &self.stats.redactions);
+        crate::semantic::annotate(&mut converted.rows, &self.stats.log_parse);
         for (reason, n) in &converted.rejected {
             self.stats.count_rejected_logs(*reason, *n as u64);
         }

@@ -74,8 +74,65 @@ pub fn register_tenant(ctx: &SessionContext, tenant: &TenantId) {
     ctx.register_udf(constant("current_database", database_name(tenant)));
 }
 
+/// `matches(text, query)`: whether a text (a log body) matches a text query of the log
+/// search language ([`crate::logs::text`]); only body terms, phrases, prefixes and their
+/// `AND` / `OR` / `NOT` (field filters are columns in SQL: `WHERE class = …`).
+fn matches_udf() -> datafusion::logical_expr::ScalarUDF {
+    use crate::logs::text::{TextQuery, words};
+    create_udf(
+        "matches",
+        vec![DataType::Utf8, DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(|args: &[ColumnarValue]| {
+            let query = match &args[1] {
+                ColumnarValue::Scalar(
+                    ScalarValue::Utf8(Some(q))
+                    | ScalarValue::LargeUtf8(Some(q))
+                    | ScalarValue::Utf8View(Some(q)),
+                ) => q.clone(),
+                _ => {
+                    return Err(DataFusionError::Plan(
+                        "matches(text, query): the query must be a text literal".into(),
+                    ));
+                }
+            };
+            let q = TextQuery::parse(&query)
+                .map_err(|e| DataFusionError::Plan(format!("matches(): {e}")))?;
+            if !q.body_only() {
+                return Err(DataFusionError::Plan(
+                    "matches(): field filters (class:, service:, …) are columns in SQL; use WHERE class = '…'".into(),
+                ));
+            }
+            let test = |text: Option<&str>| text.map(|t| q.matches(&Default::default(), &words(t)));
+            match &args[0] {
+                ColumnarValue::Scalar(v) => {
+                    let text = match v {
+                        ScalarValue::Utf8(t)
+                        | ScalarValue::LargeUtf8(t)
+                        | ScalarValue::Utf8View(t) => t.clone(),
+                        _ => None,
+                    };
+                    Ok(ColumnarValue::Scalar(ScalarValue::Boolean(test(
+                        text.as_deref(),
+                    ))))
+                }
+                ColumnarValue::Array(a) => {
+                    let a = arrow::compute::cast(a, &DataType::Utf8)?;
+                    let a = a.as_any().downcast_ref::<StringArray>().ok_or_else(|| {
+                        DataFusionError::Internal("matches: expected text".into())
+                    })?;
+                    let out: arrow::array::BooleanArray = a.iter().map(test).collect();
+                    Ok(ColumnarValue::Array(Arc::new(out)))
+                }
+            }
+        }),
+    )
+}
+
 /// The functions every session has (registered once, in the engine's template session).
 pub fn register(ctx: &SessionContext) {
+    ctx.register_udf(matches_udf());
     // replaces DataFusion's own, under the same names (see `percentile`)
     ctx.register_udaf(super::percentile::percentile_cont());
     ctx.register_udf(super::timebin::date_bin());

@@ -26,7 +26,7 @@ use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, LogRecord, TenantId};
 use weft_storage::store::{LogScan, Snapshot};
 
-use super::columns::{hex_column, map_type, timestamp_type};
+use super::columns::{hex_column, list_type, map_type, timestamp_type};
 use super::pushdown::{column_of, flip, literal, nanos, text};
 
 /// The SQL columns, each with the stored column it is made from.
@@ -40,6 +40,18 @@ const COLUMNS: &[(&str, &str)] = &[
     ("span_id", col::SPAN_ID),
     ("service_name", col::SERVICE),
     ("event_name", col::EVENT_NAME),
+    ("class", col::CLASS),
+    ("llm.model", col::MODEL),
+    ("llm.model_version", col::MODEL_VERSION),
+    ("llm.generation_step", col::GENERATION_STEP),
+    ("gen_ai.response.finish_reasons", col::FINISH_REASONS),
+    ("gen_ai.usage.output_tokens", col::OUTPUT_TOKENS),
+    ("llm.kv_cache.hit_rate", col::KV_CACHE_HIT_RATE),
+    ("llm.prefill_ms", col::PREFILL_MS),
+    ("llm.decode_ms", col::DECODE_MS),
+    ("llm.tokens_per_s", col::TOKENS_PER_S),
+    ("worker.id", col::WORKER),
+    ("gpu.id", col::GPU),
     ("scope_name", col::SCOPE),
     ("flags", col::FLAGS),
     ("attributes", col::ATTRIBUTES),
@@ -51,6 +63,11 @@ const INDEXED: &[(&str, &str)] = &[
     ("service_name", dim::SERVICE),
     ("severity_text", dim::SEVERITY),
     ("event_name", dim::EVENT_NAME),
+    ("class", dim::CLASS),
+    ("llm.model", dim::MODEL),
+    ("llm.model_version", dim::MODEL_VERSION),
+    ("worker.id", dim::WORKER),
+    ("gpu.id", dim::GPU),
 ];
 
 fn schema() -> SchemaRef {
@@ -58,7 +75,13 @@ fn schema() -> SchemaRef {
         "time" | "observed_time" => (timestamp_type(), false),
         "severity_number" => (DataType::Int32, false),
         "flags" => (DataType::Int64, false),
-        "body" | "trace_id" | "span_id" => (DataType::Utf8, true),
+        "body" | "trace_id" | "span_id" | "llm.model" | "llm.model_version" | "worker.id"
+        | "gpu.id" => (DataType::Utf8, true),
+        "llm.generation_step" | "gen_ai.usage.output_tokens" => (DataType::Int64, true),
+        "llm.kv_cache.hit_rate" | "llm.prefill_ms" | "llm.decode_ms" | "llm.tokens_per_s" => {
+            (DataType::Float64, true)
+        }
+        "gen_ai.response.finish_reasons" => (list_type(), true),
         "attributes" | "resource_attributes" => (map_type(), false),
         _ => (DataType::Utf8, false),
     };
@@ -276,6 +299,8 @@ fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<
                     as ArrayRef
             }
             "severity_number" => cast(a, &DataType::Int32)?,
+            // the list's item field as the schema names it, whatever the chunk called it
+            "gen_ai.response.finish_reasons" => cast(a, &list_type())?,
             "trace_id" | "span_id" => hex_column(downcast::<FixedSizeBinaryArray>(a)?),
             "scope_name" => blob_texts(downcast(a)?, |r| Ok(r.scope()?.name))?,
             "attributes" => blob_maps(downcast(a)?, |r| r.attrs())?,

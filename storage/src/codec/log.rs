@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{Reader, Writer};
 use crate::error::{Result, StorageError};
-use crate::model::{LogRecord, SpanId, TraceId, UnixNanos};
+use crate::model::{LogClass, LogRecord, LogSemantics, SpanId, TraceId, UnixNanos};
 
 pub const LOG_ROW_VERSION: u8 = 1;
 
@@ -25,6 +25,40 @@ impl Writer {
         self.str(&l.event_name);
         self.resource(&l.resource);
         self.scope(&l.scope);
+        self.semantics(&l.semantics);
+    }
+
+    fn semantics(&mut self, s: &LogSemantics) {
+        self.buf.push(s.class as u8);
+        let texts = [&s.model, &s.model_version, &s.worker, &s.gpu];
+        for t in texts {
+            match t {
+                Some(t) => {
+                    self.buf.push(1);
+                    self.str(t);
+                }
+                None => self.buf.push(0),
+            }
+        }
+        for i in [s.generation_step, s.output_tokens] {
+            self.optional(i.map(|i| i.to_le_bytes()).as_ref().map(|b| &b[..]));
+        }
+        for f in [
+            s.kv_cache_hit_rate,
+            s.prefill_ms,
+            s.decode_ms,
+            s.tokens_per_s,
+        ] {
+            self.optional(f.map(f64::to_le_bytes).as_ref().map(|b| &b[..]));
+        }
+        match &s.finish_reasons {
+            Some(reasons) => {
+                self.buf.push(1);
+                self.u64(reasons.len() as u64);
+                reasons.iter().for_each(|r| self.str(r));
+            }
+            None => self.buf.push(0),
+        }
     }
 
     fn optional(&mut self, bytes: Option<&[u8]>) {
@@ -69,6 +103,52 @@ impl Reader<'_> {
             event_name: self.string()?,
             resource: Arc::new(self.resource()?),
             scope: Arc::new(self.scope()?),
+            semantics: self.semantics()?,
+        })
+    }
+
+    fn semantics(&mut self) -> Result<LogSemantics> {
+        let class = LogClass::from_u8(self.u8()?);
+        let mut text =
+            || -> Result<Option<String>> { self.present()?.then(|| self.string()).transpose() };
+        let (model, model_version, worker, gpu) = (text()?, text()?, text()?, text()?);
+        let mut int = || -> Result<Option<i64>> {
+            self.present()?
+                .then(|| self.array().map(i64::from_le_bytes))
+                .transpose()
+        };
+        let (generation_step, output_tokens) = (int()?, int()?);
+        let mut float = || -> Result<Option<f64>> {
+            self.present()?
+                .then(|| self.array().map(f64::from_le_bytes))
+                .transpose()
+        };
+        let (kv_cache_hit_rate, prefill_ms, decode_ms, tokens_per_s) =
+            (float()?, float()?, float()?, float()?);
+        let finish_reasons = match self.present()? {
+            true => {
+                let n = self.u64()? as usize;
+                let mut out = Vec::with_capacity(n.min(64));
+                for _ in 0..n {
+                    out.push(self.string()?);
+                }
+                Some(out)
+            }
+            false => None,
+        };
+        Ok(LogSemantics {
+            class,
+            model,
+            model_version,
+            generation_step,
+            finish_reasons,
+            output_tokens,
+            kv_cache_hit_rate,
+            prefill_ms,
+            decode_ms,
+            tokens_per_s,
+            worker,
+            gpu,
         })
     }
 
@@ -127,6 +207,15 @@ mod tests {
                 name: "vllm.logger".into(),
                 ..Default::default()
             }),
+            semantics: LogSemantics {
+                class: LogClass::InferenceMetrics,
+                model: Some("llama-3.1-8b".into()),
+                generation_step: Some(-3),
+                finish_reasons: Some(vec!["stop".into()]),
+                prefill_ms: Some(12.5),
+                gpu: Some("GPU-0".into()),
+                ..Default::default()
+            },
         }
     }
 

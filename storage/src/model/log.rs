@@ -24,6 +24,65 @@ pub struct LogRecord {
     pub event_name: String,
     pub resource: Arc<Resource>,
     pub scope: Arc<Scope>,
+    /// What the record means for an LLM request, parsed at ingest.
+    pub semantics: LogSemantics,
+}
+
+/// What a log record is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LogClass {
+    #[default]
+    Other = 0,
+    PromptInput = 1,
+    InferenceMetrics = 2,
+    ResponseOutput = 3,
+    Error = 4,
+}
+
+impl LogClass {
+    pub const ALL: [LogClass; 5] = [
+        Self::Other,
+        Self::PromptInput,
+        Self::InferenceMetrics,
+        Self::ResponseOutput,
+        Self::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Other => "other",
+            Self::PromptInput => "prompt_input",
+            Self::InferenceMetrics => "inference_metrics",
+            Self::ResponseOutput => "response_output",
+            Self::Error => "error",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|c| *c as u8 == v)
+            .unwrap_or_default()
+    }
+}
+
+/// The typed fields of a log record, from its attributes or its body, whatever form the body
+/// took (JSON, `key=value`, the one-line `[PROMPT] … [LOGITS] {…}` form).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct LogSemantics {
+    pub class: LogClass,
+    pub model: Option<String>,
+    pub model_version: Option<String>,
+    pub generation_step: Option<i64>,
+    pub finish_reasons: Option<Vec<String>>,
+    pub output_tokens: Option<i64>,
+    pub kv_cache_hit_rate: Option<f64>,
+    pub prefill_ms: Option<f64>,
+    pub decode_ms: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    pub worker: Option<String>,
+    pub gpu: Option<String>,
 }
 
 impl LogRecord {

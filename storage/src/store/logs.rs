@@ -40,21 +40,54 @@ impl LogScan {
         }
     }
 
-    fn head_row_matches(&self, l: &LogRecord) -> bool {
+    /// Whether a record (of the head) passes the scan's time range and terms.
+    pub fn matches_row(&self, l: &LogRecord) -> bool {
         self.in_range(l.time.0)
             && self.terms.iter().all(|(d, terms)| {
+                let s = &l.semantics;
                 let value = match *d {
-                    dim::SERVICE => l.service_name(),
-                    dim::SEVERITY => &l.severity_text,
-                    dim::EVENT_NAME => &l.event_name,
+                    dim::SERVICE => Some(l.service_name()),
+                    dim::SEVERITY => Some(l.severity_text.as_str()),
+                    dim::EVENT_NAME => Some(l.event_name.as_str()),
+                    dim::CLASS => Some(s.class.as_str()),
+                    dim::MODEL => s.model.as_deref(),
+                    dim::MODEL_VERSION => s.model_version.as_deref(),
+                    dim::WORKER => s.worker.as_deref(),
+                    dim::GPU => s.gpu.as_deref(),
                     _ => return true,
                 };
-                terms.iter().any(|t| t == value)
+                value.is_some_and(|v| terms.iter().any(|t| t == v))
             })
     }
 }
 
 impl Store {
+    /// Every log record of a trace (head and blocks), oldest first, through the trace-id
+    /// index (a prefix bloom filter answers "none here" without reading data).
+    pub fn trace_logs(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<LogRecord>> {
+        let snapshot = self.log_snapshot(tenant);
+        let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
+        let mut out: Vec<LogRecord> = snapshot
+            .head
+            .rows()
+            .filter(|l| l.trace_id == Some(*trace))
+            .cloned()
+            .collect();
+        for (addr, entry) in self.trace_locations_of(tenant, Signal::Logs, trace)? {
+            let Some(meta) = snapshot.blocks.get(&addr) else {
+                continue;
+            };
+            let reader = self.reader_of(tenant, Signal::Logs, addr, meta);
+            out.extend(logs::read(
+                &reader,
+                &Rows::Range(entry.row_start, entry.rows),
+            )?);
+        }
+        out.retain(|l| l.time.0 >= cutoff);
+        out.sort_by_key(|l| (l.time, l.observed_time));
+        Ok(out)
+    }
+
     /// The log rows of a snapshot that a scan asks for, one batch per block (and one for the
     /// head), with the scan's columns under their block names.
     pub fn scan_logs(
@@ -86,7 +119,7 @@ impl Store {
         let mut head: Vec<&LogRecord> = snapshot
             .head
             .rows()
-            .filter(|l| scan.head_row_matches(l))
+            .filter(|l| scan.matches_row(l))
             .collect();
         if !head.is_empty() {
             logs::sort(&mut head);
@@ -105,6 +138,24 @@ impl Store {
             )?);
         }
         Ok(out)
+    }
+
+    /// Whole records of one block of a snapshot that pass a scan's time range and terms.
+    pub fn block_logs(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<LogRecord>,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        scan: &LogScan,
+    ) -> Result<Vec<LogRecord>> {
+        if !scan.overlaps(meta) {
+            return Ok(Vec::new());
+        }
+        match self.log_rows(tenant, snapshot, addr, meta, scan)? {
+            Some(rows) => logs::read(&self.reader_of(tenant, Signal::Logs, addr, meta), &rows),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The rows of a log block a scan reads: `None` when none.

@@ -4,6 +4,7 @@ mod common;
 mod crash;
 mod hostile;
 mod ingest;
+mod logs;
 mod retention;
 mod search;
 mod sql;

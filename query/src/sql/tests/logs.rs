@@ -104,6 +104,10 @@ fn the_logs_table_answers_from_blocks_and_head_and_joins_spans() {
         })
         .count();
     let since = format!("to_timestamp_nanos({from})");
+    let decode_or_post = logs
+        .iter()
+        .filter(|l| matches!(&l.body, Value::Str(b) if b.starts_with("llm.decode.token") || b.starts_with("POST")))
+        .count();
     let cases = vec![
         (
             "SELECT count(*) FROM logs".to_owned(),
@@ -136,6 +140,11 @@ fn the_logs_table_answers_from_blocks_and_head_and_joins_spans() {
             "SELECT count(*) FROM logs WHERE body IS NULL".to_owned(),
             "1".to_owned(),
         ),
+        (
+            "SELECT count(*) FROM logs WHERE matches(body, 'step AND (llm.decode.token OR \"POST v1\") AND NOT prefill*')"
+                .to_owned(),
+            decode_or_post.to_string(),
+        ),
     ];
     for pushdown in [true, false] {
         for (sql, want) in &cases {
@@ -161,5 +170,53 @@ fn the_logs_table_answers_from_blocks_and_head_and_joins_spans() {
             first.span_id.unwrap()
         )) && got.ends_with(first.service_name()),
         "{got}"
+    );
+}
+
+#[test]
+fn semantic_columns_are_typed_and_indexed() {
+    let (f, _) = log_fixture();
+    let store = f.engine.store();
+    let tenant = TenantId::new("semantic").unwrap();
+    let metrics = |i: i64, worker: &str| LogRecord {
+        time: UnixNanos(BASE + i as u64),
+        observed_time: UnixNanos(BASE + i as u64),
+        semantics: LogSemantics {
+            class: LogClass::InferenceMetrics,
+            model: Some("llama-3.1-8b".into()),
+            prefill_ms: Some(10.0 + i as f64),
+            finish_reasons: Some(vec!["stop".into()]),
+            output_tokens: Some(i),
+            worker: Some(worker.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let logs: Vec<LogRecord> = (0..10)
+        .map(|i| metrics(i, if i < 4 { "w-1" } else { "w-2" }))
+        .collect();
+    store.append_logs(&tenant, logs[..6].to_vec()).unwrap();
+    store.flush(true).unwrap();
+    store.append_logs(&tenant, logs[6..].to_vec()).unwrap();
+    let q = |sql: &str| {
+        let f = Fixture {
+            _dir: tempfile::tempdir().unwrap(),
+            engine: SqlEngine::new(store.clone(), SqlConfig::default()),
+            spans: Vec::new(),
+            tenant: tenant.clone(),
+        };
+        block_on(one(&f, sql, true))
+    };
+    assert_eq!(
+        q(
+            r#"SELECT count(*), sum("llm.prefill_ms"), max("gen_ai.usage.output_tokens") FROM logs WHERE "worker.id" = 'w-2' AND class = 'inference_metrics'"#
+        ),
+        "6|99.0|9"
+    );
+    assert_eq!(
+        q(
+            r#"SELECT "gen_ai.response.finish_reasons", "llm.model", "gpu.id" IS NULL FROM logs LIMIT 1"#
+        ),
+        "[stop]|llama-3.1-8b|true"
     );
 }

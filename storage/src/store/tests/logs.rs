@@ -64,6 +64,19 @@ fn random_logs(seed: u64, n: usize) -> Vec<LogRecord> {
                     .into(),
                 resource: services[rng.random_range(0..3)].clone(),
                 scope: scope.clone(),
+                semantics: LogSemantics {
+                    class: LogClass::ALL[rng.random_range(0..5)],
+                    model: rng.random_bool(0.5).then(|| "llama-3.1-8b".into()),
+                    generation_step: rng.random_bool(0.5).then(|| rng.random_range(0..500)),
+                    finish_reasons: rng
+                        .random_bool(0.3)
+                        .then(|| vec!["stop".into(), "length".into()]),
+                    prefill_ms: rng.random_bool(0.5).then(|| rng.random_range(1.0..90.0)),
+                    gpu: rng
+                        .random_bool(0.5)
+                        .then(|| format!("GPU-{}", rng.random_range(0..8))),
+                    ..Default::default()
+                },
                 ..Default::default()
             }
         })
