@@ -10,10 +10,13 @@
 pub mod text;
 
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::Int64Type;
 use weft_storage::Store;
-use weft_storage::block::logs::dim;
+use weft_storage::block::logs::{col, dim};
 use weft_storage::model::{LogRecord, TenantId, TraceId};
 use weft_storage::store::LogScan;
 
@@ -36,7 +39,7 @@ pub struct LogSearch {
 }
 
 /// A record's place in the newest-first order: time, then observed time, then a digest of its
-/// content, all descending. Opaque text to clients.
+/// body and ids, all descending. Opaque text to clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LogCursor {
     pub time: u64,
@@ -46,11 +49,29 @@ pub struct LogCursor {
 
 impl LogCursor {
     pub fn of(l: &LogRecord) -> Self {
+        Self::from_parts(
+            l.time.0,
+            l.observed_time.0,
+            l.body_text().as_deref(),
+            l.trace_id.as_ref().map(|t| &t.0[..]),
+            l.span_id.as_ref().map(|s| &s.0[..]),
+        )
+    }
+
+    /// The cursor of a record from the columns it is made of (so that a block's records are
+    /// ordered before any is decoded whole).
+    pub fn from_parts(
+        time: u64,
+        observed: u64,
+        body: Option<&str>,
+        trace: Option<&[u8]>,
+        span: Option<&[u8]>,
+    ) -> Self {
         let mut h = std::hash::DefaultHasher::new();
-        l.digest().hash(&mut h);
+        (body, trace, span).hash(&mut h);
         Self {
-            time: l.time.0,
-            observed: l.observed_time.0,
+            time,
+            observed,
             digest: h.finish(),
         }
     }
@@ -110,7 +131,7 @@ pub fn search_logs(
             .iter()
             .map(|s| (dim::SERVICE, vec![s.clone()]))
             .collect(),
-        columns: Vec::new(),
+        columns: PICK_COLUMNS.to_vec(),
     };
     let keep = |l: &LogRecord| {
         req.min_severity.is_none_or(|m| l.severity_number >= m)
@@ -120,18 +141,19 @@ pub fn search_logs(
                 .as_ref()
                 .is_none_or(|q| q.matches(l, &text::words(&text::body_text(l))))
     };
-    let mut found: Vec<(LogCursor, LogRecord)> = snapshot
+    let mut found: Vec<(LogCursor, Found)> = snapshot
         .head
         .rows()
         .filter(|l| scan.matches_row(l) && keep(l))
-        .map(|l| (LogCursor::of(l), l.clone()))
+        .map(|l| (LogCursor::of(l), Found::Record(Box::new(l.clone()))))
         .collect();
     let mut blocks: Vec<_> = snapshot.blocks.iter().collect();
     blocks.sort_by_key(|(_, meta)| Reverse(meta.max_start));
     let limit = req.limit.max(1);
     // one record past the page tells whether there is a next page
     let need = limit + 1;
-    for (addr, meta) in blocks {
+    let body_only = req.q.as_ref().is_none_or(TextQuery::body_only);
+    for (b, (addr, meta)) in blocks.iter().enumerate() {
         if found.len() >= need {
             found.sort_by_key(|(c, _)| Reverse(*c));
             found.truncate(need);
@@ -143,9 +165,17 @@ pub fn search_logs(
         if req.cursor.is_some_and(|c| meta.min_start > c.time) {
             continue; // every record of the block is on earlier pages
         }
-        for l in store.block_logs(tenant, &snapshot, *addr, meta, &scan)? {
-            if keep(&l) {
-                found.push((LogCursor::of(&l), l));
+        if body_only {
+            if let Some((rows, columns)) =
+                store.block_log_columns(tenant, &snapshot, **addr, meta, &scan)?
+            {
+                pick_rows(req, b, &rows, &columns, &mut found)?;
+            }
+        } else {
+            for l in store.block_logs(tenant, &snapshot, **addr, meta, &scan)? {
+                if keep(&l) {
+                    found.push((LogCursor::of(&l), Found::Record(Box::new(l))));
+                }
             }
         }
     }
@@ -153,10 +183,94 @@ pub fn search_logs(
     let more = found.len() > limit;
     found.truncate(limit);
     let next_cursor = more.then(|| found.last().map(|(c, _)| *c)).flatten();
-    Ok(LogPage {
-        logs: found.into_iter().map(|(_, l)| l).collect(),
-        next_cursor,
-    })
+    // only the page's records are decoded whole, a block at a time
+    let mut wanted: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    for (_, f) in &found {
+        if let Found::Row(b, row) = f {
+            wanted.entry(*b).or_default().push(*row);
+        }
+    }
+    let mut decoded: HashMap<(usize, u32), LogRecord> = HashMap::new();
+    for (b, mut rows) in wanted {
+        rows.sort_unstable();
+        let (addr, meta) = blocks[b];
+        let records = store.block_log_rows(tenant, *addr, meta, &rows)?;
+        decoded.extend(rows.into_iter().map(|r| (b, r)).zip(records));
+    }
+    let logs = found
+        .into_iter()
+        .filter_map(|(_, f)| match f {
+            Found::Record(l) => Some(*l),
+            Found::Row(b, row) => decoded.remove(&(b, row)),
+        })
+        .collect();
+    Ok(LogPage { logs, next_cursor })
+}
+
+/// The columns a block's rows are picked by before any is decoded whole.
+const PICK_COLUMNS: [&str; 6] = [
+    col::TIME,
+    col::OBSERVED_TIME,
+    col::SEVERITY_NUMBER,
+    col::BODY,
+    col::TRACE_ID,
+    col::SPAN_ID,
+];
+
+/// A record kept for the page: whole (from the head), or a row of the `b`th block visited.
+enum Found {
+    Record(Box<LogRecord>),
+    Row(usize, u32),
+}
+
+/// The rows of one block (given by their columns) that pass the search, as cursors.
+fn pick_rows(
+    req: &LogSearch,
+    b: usize,
+    rows: &[u32],
+    columns: &RecordBatch,
+    found: &mut Vec<(LogCursor, Found)>,
+) -> Result<(), QueryError> {
+    let column = |i: usize| columns.column(i);
+    let bad = || QueryError::InvalidParameter {
+        param: "logs",
+        detail: "a log block column has an unexpected type".into(),
+    };
+    let time = column(0).as_primitive_opt::<Int64Type>().ok_or_else(bad)?;
+    let observed = column(1).as_primitive_opt::<Int64Type>().ok_or_else(bad)?;
+    let severity = column(2).as_primitive_opt::<Int64Type>().ok_or_else(bad)?;
+    let body = column(3).as_string_opt::<i32>().ok_or_else(bad)?;
+    let trace = column(4).as_fixed_size_binary_opt().ok_or_else(bad)?;
+    let span = column(5).as_fixed_size_binary_opt().ok_or_else(bad)?;
+    for (i, row) in rows.iter().enumerate() {
+        if req
+            .min_severity
+            .is_some_and(|m| severity.value(i) < i64::from(m))
+        {
+            continue;
+        }
+        let text = body.is_valid(i).then(|| body.value(i));
+        // the query first: most rows fail it, and need no cursor
+        if req
+            .q
+            .as_ref()
+            .is_some_and(|q| !q.matches_body(text.unwrap_or("")))
+        {
+            continue;
+        }
+        let cursor = LogCursor::from_parts(
+            time.value(i) as u64,
+            observed.value(i) as u64,
+            text,
+            trace.is_valid(i).then(|| trace.value(i)),
+            span.is_valid(i).then(|| span.value(i)),
+        );
+        if req.cursor.is_some_and(|c| cursor >= c) {
+            continue;
+        }
+        found.push((cursor, Found::Row(b, *row)));
+    }
+    Ok(())
 }
 
 /// Every record of a trace, oldest first.

@@ -281,6 +281,39 @@ impl TextQuery {
         }
     }
 
+    /// Whether a body matches a query that reads only the body ([`Self::body_only`]). A
+    /// necessary condition (the words a conjunction requires appear in the lower-cased text)
+    /// is checked first, so most non-matching bodies are never cut into words.
+    pub fn matches_body(&self, body: &str) -> bool {
+        let lower = body.to_lowercase();
+        self.may_match(&lower) && self.on_text(&lower)
+    }
+
+    /// Body-only matching on lower-cased text: terms and prefixes are found in place (a hit
+    /// must start and end at word boundaries), so only phrases cut the text into words.
+    fn on_text(&self, lower: &str) -> bool {
+        match self {
+            TextQuery::And(parts) => parts.iter().all(|p| p.on_text(lower)),
+            TextQuery::Or(parts) => parts.iter().any(|p| p.on_text(lower)),
+            TextQuery::Not(inner) => !inner.on_text(lower),
+            TextQuery::Term(_, t) => has_word(lower, t, false),
+            TextQuery::Prefix(_, p) => has_word(lower, p, true),
+            TextQuery::Phrase(_, p) => words(lower).windows(p.len()).any(|w| w == p.as_slice()),
+        }
+    }
+
+    fn may_match(&self, lower: &str) -> bool {
+        match self {
+            TextQuery::Term(Field::Body, t) | TextQuery::Prefix(Field::Body, t) => {
+                lower.contains(t.as_str())
+            }
+            TextQuery::Phrase(Field::Body, p) => p.iter().all(|w| lower.contains(w.as_str())),
+            TextQuery::And(parts) => parts.iter().all(|p| p.may_match(lower)),
+            TextQuery::Or(parts) => parts.iter().any(|p| p.may_match(lower)),
+            _ => true,
+        }
+    }
+
     /// Whether the query reads only the body (so that a body-only matcher suffices).
     pub fn body_only(&self) -> bool {
         match self {
@@ -291,6 +324,20 @@ impl TextQuery {
             }
         }
     }
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Whether `word` occurs in `text` as a whole word (or, for a prefix, at the start of one).
+fn has_word(text: &str, word: &str, prefix: bool) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        before.is_none_or(|c| !is_word_char(c))
+            && (prefix || after.is_none_or(|c| !is_word_char(c)))
+    })
 }
 
 /// The body's text as it is searched (a structured body as JSON).
@@ -387,6 +434,45 @@ mod tests {
         ] {
             let e = TextQuery::parse(q).unwrap_err().to_string();
             assert!(e.contains(says), "{q}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+
+    #[test]
+    fn the_body_matcher_agrees_with_the_word_matcher() {
+        let bodies = [
+            "Customer was Charged twice; wants a refund",
+            "refunded after review",
+            "prefund_x refund_y",
+            "",
+            "café crème brûlée, refund!",
+        ];
+        for q in [
+            "refund",
+            "refund*",
+            "refund OR review",
+            "NOT refund",
+            r#""charged twice" -refund"#,
+            "crème",
+            "prefund*",
+            "(twice OR café) AND NOT review",
+        ] {
+            let query = TextQuery::parse(q).unwrap();
+            for body in bodies {
+                let log = LogRecord {
+                    body: Value::Str(body.into()),
+                    ..Default::default()
+                };
+                assert_eq!(
+                    query.matches_body(body),
+                    query.matches(&log, &words(body)),
+                    "{q} on {body:?}"
+                );
+            }
         }
     }
 }

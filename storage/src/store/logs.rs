@@ -158,6 +158,52 @@ impl Store {
         }
     }
 
+    /// The rows of one block a scan reads (ascending) with the scan's columns of those rows:
+    /// a reader picks rows from columns before decoding whole records
+    /// ([`Self::block_log_rows`]). `None` when no row passes.
+    pub fn block_log_columns(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<LogRecord>,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        scan: &LogScan,
+    ) -> Result<Option<(Vec<u32>, RecordBatch)>> {
+        if !scan.overlaps(meta) {
+            return Ok(None);
+        }
+        let Some(rows) = self.log_rows(tenant, snapshot, addr, meta, scan)? else {
+            return Ok(None);
+        };
+        let columns = scan.columns();
+        let reader = self.reader_of(tenant, Signal::Logs, addr, meta);
+        let arrays = columns
+            .iter()
+            .map(|c| {
+                reader.column(c, &rows)?.ok_or_else(|| {
+                    StorageError::corrupt("log block", format!("column {c} missing"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ids = rows.iter(meta.rows).collect();
+        Ok(Some((ids, batch(&columns, arrays)?)))
+    }
+
+    /// Whole records of some rows of a block, in row order.
+    pub fn block_log_rows(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        rows: &[u32],
+    ) -> Result<Vec<LogRecord>> {
+        let set: RoaringBitmap = rows.iter().copied().collect();
+        logs::read(
+            &self.reader_of(tenant, Signal::Logs, addr, meta),
+            &Rows::Set(set),
+        )
+    }
+
     /// The rows of a log block a scan reads: `None` when none.
     fn log_rows(
         &self,

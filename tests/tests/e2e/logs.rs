@@ -69,7 +69,11 @@ async fn every_acknowledged_log_record_survives_sigkill_exactly_once() {
         t.await.unwrap();
     }
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 1000, "ingested before the kill: {}", acked.len());
+    assert!(
+        acked.len() > 1000,
+        "ingested before the kill: {}",
+        acked.len()
+    );
 
     w.restart();
     let c = Client::new();
