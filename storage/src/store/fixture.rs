@@ -5,6 +5,8 @@
 //!
 //! To write the fixture of the current version (once, when a version is introduced):
 //! `WEFT_WRITE_FIXTURE=1 cargo test -p weft-storage write_store_fixture -- --ignored`.
+//! Log records came after `store-v2` was written: `store-v2-logs` holds the first log blocks and
+//! log write-ahead entries (`write_logs_fixture`), under the same key version.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -182,4 +184,138 @@ fn the_store_fixture_of_every_version_reads_back() {
         store.append(&contents()[1].0, more.clone()).unwrap();
         store.close().unwrap();
     }
+}
+
+fn logs_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-v2-logs")
+}
+
+/// Log records made by arithmetic: a prompt, a metrics record (typed fields) and a response of
+/// each request, some without a trace, one with a structured body.
+fn log_records() -> Vec<LogRecord> {
+    let vllm = Arc::new(Resource {
+        attributes: vec![KeyValue::new("service.name", Value::Str("vllm".into()))],
+        ..Default::default()
+    });
+    let scope = Arc::new(Scope {
+        name: "fixture.logs".into(),
+        ..Default::default()
+    });
+    let mut out = Vec::new();
+    for n in 0..30u64 {
+        let mut trace = [0u8; 16];
+        trace[0] = 0xf2;
+        trace[8..].copy_from_slice(&n.to_be_bytes());
+        let base = 1_764_460_800_000_000_000 + n * 1_000_000_000;
+        let record = |i: u64, severity: i32, body: Value, class: LogClass| LogRecord {
+            time: UnixNanos(base + i * 1_000_000),
+            observed_time: UnixNanos(base + i * 1_000_000 + 7),
+            severity_number: severity,
+            severity_text: if severity >= 17 { "ERROR" } else { "INFO" }.into(),
+            body,
+            attributes: vec![KeyValue::new(
+                "worker.id",
+                Value::Str(format!("w-{}", n % 3)),
+            )],
+            trace_id: (n % 5 != 4).then_some(TraceId(trace)),
+            span_id: (n % 5 != 4).then_some(SpanId((n + 1).to_be_bytes())),
+            event_name: if i == 2 {
+                "gen_ai.choice".into()
+            } else {
+                String::new()
+            },
+            resource: vllm.clone(),
+            scope: scope.clone(),
+            semantics: LogSemantics {
+                class,
+                model: (i == 1).then(|| "llama-3.1-8b".into()),
+                prefill_ms: (i == 1).then_some(10.0 + n as f64),
+                finish_reasons: (i == 2).then(|| vec!["stop".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        out.push(record(
+            0,
+            9,
+            Value::Str(format!("[PROMPT] <content hash={n:016x} length=12>")),
+            LogClass::PromptInput,
+        ));
+        out.push(record(
+            1,
+            if n % 7 == 6 { 17 } else { 9 },
+            Value::Str(format!("done prefill_ms={}", 10 + n)),
+            LogClass::InferenceMetrics,
+        ));
+        out.push(record(
+            2,
+            9,
+            Value::KvList(vec![KeyValue::new(
+                "finish_reason",
+                Value::Str("stop".into()),
+            )]),
+            LogClass::ResponseOutput,
+        ));
+    }
+    out
+}
+
+#[test]
+#[ignore = "writes the log fixture; run once, when log blocks were introduced"]
+fn write_logs_fixture() {
+    if std::env::var_os("WEFT_WRITE_FIXTURE").is_none() {
+        return;
+    }
+    let dir = logs_fixture_dir();
+    assert!(
+        !dir.exists(),
+        "fixtures are never rewritten: {}",
+        dir.display()
+    );
+    let store = Store::open(&dir, StoreOptions::default()).unwrap();
+    let tenant = TenantId::new("fixture-logs").unwrap();
+    let logs = log_records();
+    store.append_logs(&tenant, logs[..60].to_vec()).unwrap();
+    store.flush(true).unwrap();
+    store.append_logs(&tenant, logs[60..].to_vec()).unwrap();
+    for cf in [CF_DATA, CF_META, CF_HEAD] {
+        store.db.flush_cf(store.cf(cf)).unwrap();
+    }
+    drop(store);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("LOG") || name == "LOCK" {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_log_fixture_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&logs_fixture_dir(), dir.path());
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let tenant = TenantId::new("fixture-logs").unwrap();
+    let logs = log_records();
+    let snapshot = store.log_snapshot(&tenant);
+    let rows: u32 = snapshot.blocks.values().map(|m| m.rows).sum();
+    assert_eq!(rows, 60, "block rows");
+    assert_eq!(store.pending_rows(), logs.len() - 60, "head replayed");
+    let mut got: Vec<LogRecord> = snapshot.head.rows().cloned().collect();
+    for (addr, meta) in snapshot.blocks.iter() {
+        got.extend(
+            store
+                .block_logs(&tenant, &snapshot, *addr, meta, &LogScan::default())
+                .unwrap(),
+        );
+    }
+    got.sort_by_key(|l| (l.time, l.observed_time));
+    assert_eq!(got, logs);
+    let trace = logs[3].trace_id.unwrap();
+    let want: Vec<&LogRecord> = logs.iter().filter(|l| l.trace_id == Some(trace)).collect();
+    let found = store.trace_logs(&tenant, &trace).unwrap();
+    assert_eq!(found.iter().collect::<Vec<_>>(), want);
+    store.append_logs(&tenant, vec![logs[0].clone()]).unwrap();
+    store.close().unwrap();
 }
