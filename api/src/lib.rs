@@ -6,6 +6,7 @@
 //! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
 //! `weft-storage` to sockets, and maps their errors to statuses in one place (`error`).
 
+pub mod analytics;
 pub mod config;
 pub mod error;
 pub mod logs;

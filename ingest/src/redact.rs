@@ -27,17 +27,7 @@ use weft_storage::model::{KeyValue, LogRecord, SpanRecord, TenantId, Value};
 pub use rules::{PiiRules, RuleError};
 
 /// Content attributes redacted unless a tenant captures content.
-pub const CONTENT_KEYS: &[&str] = &[
-    "gen_ai.input.messages",
-    "gen_ai.output.messages",
-    "gen_ai.system_instructions",
-    "gen_ai.prompt",
-    "gen_ai.completion",
-    "llm.prompts",
-    "llm.completions",
-    "http.request.header.x-raw-prompt",
-    "http.request.header.x-user-history",
-];
+pub use weft_storage::schema::CONTENT_KEYS;
 
 /// Log events whose body is a prompt or a completion.
 pub const CONTENT_EVENTS: &[&str] = &[

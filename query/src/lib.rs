@@ -11,6 +11,7 @@
 //!
 //! It does not speak HTTP (that is `weft-api`) and does not decode OTLP.
 
+pub mod analytics;
 pub mod error;
 pub mod logs;
 pub mod search;

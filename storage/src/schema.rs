@@ -146,6 +146,20 @@ pub const LONG_KEYS: &[&str] = &[
     "gen_ai.completion",
 ];
 
+/// Attributes that carry a prompt or a completion: redacted at ingest unless a tenant captures
+/// content, and looked for by the context-leak scan.
+pub const CONTENT_KEYS: &[&str] = &[
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "gen_ai.prompt",
+    "gen_ai.completion",
+    "llm.prompts",
+    "llm.completions",
+    "http.request.header.x-raw-prompt",
+    "http.request.header.x-user-history",
+];
+
 /// Values longer than this go to the long-value column whatever their key.
 pub const LONG_VALUE_BYTES: usize = 1024;
 

@@ -323,6 +323,13 @@ impl SqlEngine {
             .map_err(df)?;
         ctx.register_catalog("weft", Arc::new(catalog));
         functions::register_tenant(&ctx, tenant);
+        ctx.register_udtf(
+            "leaks",
+            Arc::new(crate::analytics::leaks::LeaksFunction {
+                store: self.store.clone(),
+                tenant: tenant.clone(),
+            }),
+        );
         Ok(Session {
             ctx,
             runtime,
