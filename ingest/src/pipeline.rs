@@ -153,6 +153,22 @@ impl Ingester {
         self
     }
 
+    /// What each row of a tenant's signal is checked against: the value size limit and the
+    /// tenant's retention cutoff for the signal.
+    pub(crate) fn row_limits(
+        &self,
+        tenant: &weft_storage::model::TenantId,
+        signal: weft_storage::keys::Signal,
+    ) -> crate::otlp::convert::SpanLimits {
+        let retention = self.store.options().retention.of(tenant, signal);
+        crate::otlp::convert::SpanLimits {
+            max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
+            retention: retention
+                .zip(self.store.cutoff(tenant, signal))
+                .map(|(d, c)| (c, d)),
+        }
+    }
+
     pub fn limits(&self) -> Limits {
         self.limits
     }

@@ -152,8 +152,10 @@ impl InFlight {
 
 /// What a request's rows are, against what the tenant holds: new ones it reserved (and must
 /// write), ones another request is writing (to wait for), and ones already durable.
-struct Reserved<R> {
+struct Reserved<R: Row> {
     fresh: Vec<R>,
+    /// The identities of `fresh`, computed once (a log record's is a digest of all of it).
+    fresh_ids: Vec<R::Id>,
     waits: Vec<(Arc<InFlight>, Vec<R>)>,
     seq: u64,
 }
@@ -529,7 +531,7 @@ impl Store {
             let reserved = self.reserve(tenant, rows)?;
             stored += reserved.fresh.len();
             if !reserved.fresh.is_empty() {
-                self.write_ahead(tenant, reserved.seq, reserved.fresh)?;
+                self.write_ahead(tenant, reserved.seq, reserved.fresh, reserved.fresh_ids)?;
             }
             // a write that failed left its rows unreserved: this request writes them
             rows = reserved
@@ -572,6 +574,7 @@ impl Store {
         let mine = Arc::new(InFlight::default());
         let mut reserved = Reserved {
             fresh: Vec::with_capacity(total),
+            fresh_ids: Vec::with_capacity(total),
             waits: Vec::new(),
             seq,
         };
@@ -584,6 +587,7 @@ impl Store {
                 std::collections::hash_map::Entry::Vacant(slot) => {
                     slot.insert(mine.clone());
                     reserved.fresh.push(row);
+                    reserved.fresh_ids.push(id);
                 }
                 // twice in this request: its first copy is written with the rest
                 std::collections::hash_map::Entry::Occupied(w) if Arc::ptr_eq(w.get(), &mine) => {}
@@ -605,7 +609,13 @@ impl Store {
 
     /// Writes reserved rows to the write-ahead head (synced), then makes them visible and
     /// releases their reservation, waking the requests that wait for them.
-    fn write_ahead<R: Lane>(&self, tenant: &TenantId, seq: u64, fresh: Vec<R>) -> Result<()> {
+    fn write_ahead<R: Lane>(
+        &self,
+        tenant: &TenantId,
+        seq: u64,
+        fresh: Vec<R>,
+        ids: Vec<R::Id>,
+    ) -> Result<()> {
         let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
         let written = self.write_hook(fresh.len()).and_then(|()| {
@@ -620,8 +630,7 @@ impl Store {
         let mut state = self.lock();
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mut write = None;
-        for row in &fresh {
-            let id = row.id();
+        for id in ids {
             if written.is_ok() {
                 t.head.seen.insert(id);
             }

@@ -11,13 +11,7 @@ use super::record_json;
 use crate::error::ApiError;
 use crate::state::{SharedState, Tenant, blocking};
 use crate::time::parse_time;
-use crate::traces::search::form_pairs;
-
-const MAX_LIMIT: usize = 1000;
-
-fn bad(param: &str, detail: impl std::fmt::Display) -> ApiError {
-    ApiError::BadRequest(format!("{param}: {detail}"))
-}
+use crate::traces::search::{bad, form_pairs, parse_limit};
 
 pub fn parse_request(query: &str) -> Result<LogSearch, ApiError> {
     let mut req = LogSearch {
@@ -41,15 +35,7 @@ pub fn parse_request(query: &str) -> Result<LogSearch, ApiError> {
             }
             "start" => req.start = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
             "end" => req.end = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
-            "limit" => {
-                let n: usize = value
-                    .parse()
-                    .map_err(|_| bad(&key, format!("{value:?} is not a number")))?;
-                if n == 0 || n > MAX_LIMIT {
-                    return Err(bad(&key, format!("must be between 1 and {MAX_LIMIT}")));
-                }
-                req.limit = n;
-            }
+            "limit" => req.limit = parse_limit(&key, &value)?,
             "cursor" => req.cursor = Some(LogCursor::decode(&value)?),
             k => {
                 return Err(bad(

@@ -16,8 +16,19 @@ use crate::time::{format_rfc3339, parse_duration, parse_time};
 
 const MAX_LIMIT: usize = 1000;
 
-fn bad(param: &str, detail: impl std::fmt::Display) -> ApiError {
+pub(crate) fn bad(param: &str, detail: impl std::fmt::Display) -> ApiError {
     ApiError::BadRequest(format!("{param}: {detail}"))
+}
+
+/// A page size: 1 to [`MAX_LIMIT`].
+pub(crate) fn parse_limit(key: &str, value: &str) -> Result<usize, ApiError> {
+    let n: usize = value
+        .parse()
+        .map_err(|_| bad(key, format!("{value:?} is not a number")))?;
+    if n == 0 || n > MAX_LIMIT {
+        return Err(bad(key, format!("must be between 1 and {MAX_LIMIT}")));
+    }
+    Ok(n)
 }
 
 pub fn parse_request(query: &str) -> Result<SearchRequest, ApiError> {
@@ -39,15 +50,7 @@ pub fn parse_request(query: &str) -> Result<SearchRequest, ApiError> {
             }
             "start" => req.start = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
             "end" => req.end = Some(parse_time(&value).map_err(|e| bad(&key, e))?),
-            "limit" => {
-                let n: usize = value
-                    .parse()
-                    .map_err(|_| bad(&key, format!("{value:?} is not a number")))?;
-                if n == 0 || n > MAX_LIMIT {
-                    return Err(bad(&key, format!("must be between 1 and {MAX_LIMIT}")));
-                }
-                req.limit = n;
-            }
+            "limit" => req.limit = parse_limit(&key, &value)?,
             "cursor" => req.cursor = Some(Cursor::decode(&value)?),
             k if k.starts_with("attr.") && k.len() > 5 => {
                 req.attributes.push((k[5..].to_owned(), value))

@@ -306,6 +306,24 @@ fn key_value(v: &J, path: &Path<'_>) -> R<KeyValue> {
     })
 }
 
+/// The top-level array of an export request document (`resourceSpans`, `resourceLogs`), each
+/// element decoded by `each`.
+fn top_array<T>(
+    bytes: &[u8],
+    camel: &'static str,
+    snake: &'static str,
+    each: impl Fn(&J, &Path<'_>) -> R<T>,
+) -> Result<Vec<T>, IngestError> {
+    let undecodable = |detail: String| IngestError::Undecodable {
+        format: "OTLP/JSON",
+        detail,
+    };
+    let doc: J = serde_json::from_slice(bytes).map_err(|e| undecodable(e.to_string()))?;
+    let root = Path::Root;
+    let o = Obj::new(&doc, &root).map_err(undecodable)?;
+    o.array(camel, snake, each).map_err(undecodable)
+}
+
 fn decode_scope(v: &J, path: &Path<'_>) -> R<InstrumentationScope> {
     let s = Obj::new(v, path)?;
     Ok(InstrumentationScope {

@@ -10,7 +10,6 @@ use weft_storage::model::TenantId;
 
 use super::{ExportOutcome, Format, Ingester, RejectReason};
 use crate::error::IngestError;
-use crate::otlp::convert::SpanLimits;
 use crate::otlp::logs::{self, ExportLogsServiceRequest};
 
 impl Ingester {
@@ -49,15 +48,9 @@ impl Ingester {
         tenant: &TenantId,
         req: ExportLogsServiceRequest,
     ) -> Result<ExportOutcome, IngestError> {
-        let options = self.store.options();
-        let retention = options.retention.of(tenant, Signal::Logs);
-        let limits = SpanLimits {
-            max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
-            retention: retention
-                .zip(self.store.cutoff(tenant, Signal::Logs))
-                .map(|(d, c)| (c, d)),
-        };
-        let mut converted = logs::convert_request(req, limits, options.clock.now());
+        let limits = self.row_limits(tenant, Signal::Logs);
+        let now = self.store.options().clock.now();
+        let mut converted = logs::convert_request(req, limits, now);
         // before the write-ahead head: nothing unredacted reaches the disk
         self.redaction
             .of(tenant)

@@ -10,7 +10,7 @@ use weft_storage::model::TenantId;
 
 use super::{ExportOutcome, Format, Ingester, RejectReason};
 use crate::error::IngestError;
-use crate::otlp::convert::{SpanLimits, convert_request};
+use crate::otlp::convert::convert_request;
 use crate::otlp::{self, ExportTraceServiceRequest};
 
 impl Ingester {
@@ -50,13 +50,7 @@ impl Ingester {
         tenant: &TenantId,
         req: ExportTraceServiceRequest,
     ) -> Result<ExportOutcome, IngestError> {
-        let retention = self.store.options().retention.of(tenant, Signal::Spans);
-        let limits = SpanLimits {
-            max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
-            retention: retention
-                .zip(self.store.cutoff(tenant, Signal::Spans))
-                .map(|(d, c)| (c, d)),
-        };
+        let limits = self.row_limits(tenant, Signal::Spans);
         let mut converted = convert_request(req, limits);
         // before the write-ahead head: nothing unredacted reaches the disk
         self.redaction

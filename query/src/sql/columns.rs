@@ -375,7 +375,7 @@ fn hex_runs(ids: &[TraceId], runs: &[u32]) -> ArrayRef {
     Arc::new(StringArray::new(offsets, values.into(), None))
 }
 
-fn map_column<'a>(rows: impl Iterator<Item = &'a [KeyValue]>) -> Result<ArrayRef> {
+pub(super) fn map_column<'a>(rows: impl Iterator<Item = &'a [KeyValue]>) -> Result<ArrayRef> {
     let mut b = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
     for kvs in rows {
         for kv in kvs {

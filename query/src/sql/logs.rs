@@ -7,8 +7,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, FixedSizeBinaryArray, MapBuilder, RecordBatch,
-    StringBuilder, TimestampNanosecondArray,
+    Array, ArrayRef, AsArray, BinaryArray, FixedSizeBinaryArray, RecordBatch, StringBuilder,
+    TimestampNanosecondArray,
 };
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
@@ -26,7 +26,7 @@ use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, LogRecord, TenantId};
 use weft_storage::store::{LogScan, Snapshot};
 
-use super::columns::{hex_column, list_type, map_type, timestamp_type};
+use super::columns::{hex_column, list_type, map_column, map_type, timestamp_type};
 use super::pushdown::{column_of, flip, literal, nanos, text};
 
 /// The SQL columns, each with the stored column it is made from.
@@ -349,15 +349,12 @@ fn blob_maps(
     a: &BinaryArray,
     read: impl Fn(&mut Reader<'_>) -> weft_storage::Result<Vec<KeyValue>>,
 ) -> Result<ArrayRef> {
-    let mut b = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
-    for i in 0..a.len() {
-        if a.is_valid(i) {
-            for kv in read(&mut Reader::new(a.value(i))).map_err(corrupt)? {
-                b.keys().append_value(&kv.key);
-                b.values().append_option(kv.value.text());
-            }
-        }
-        b.append(true)?;
-    }
-    Ok(Arc::new(b.finish()))
+    let rows = (0..a.len())
+        .map(|i| match a.is_valid(i) {
+            true => read(&mut Reader::new(a.value(i))),
+            false => Ok(Vec::new()),
+        })
+        .collect::<weft_storage::Result<Vec<_>>>()
+        .map_err(corrupt)?;
+    map_column(rows.iter().map(Vec::as_slice))
 }

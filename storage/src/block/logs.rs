@@ -446,11 +446,7 @@ pub fn build(mut rows: Vec<&LogRecord>, compression: Compression) -> Result<Buil
 
 /// Whole records of the given rows of a log block.
 pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<Vec<LogRecord>> {
-    let get = |name: &'static str| {
-        reader
-            .column(name, rows)?
-            .ok_or_else(|| StorageError::corrupt("log block", format!("column {name} missing")))
-    };
+    let get = |name: &'static str| reader.required(name, rows);
     let ints: Vec<ArrayRef> = [
         col::TIME,
         col::OBSERVED_TIME,
@@ -536,11 +532,7 @@ fn read_semantics<S: ChunkSource>(
     rows: &Rows,
     n: usize,
 ) -> Result<Vec<LogSemantics>> {
-    let get = |name: &'static str| {
-        reader
-            .column(name, rows)?
-            .ok_or_else(|| StorageError::corrupt("log block", format!("column {name} missing")))
-    };
+    let get = |name: &'static str| reader.required(name, rows);
     let texts: Vec<ArrayRef> = [
         col::CLASS,
         col::MODEL,

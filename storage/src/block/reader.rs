@@ -306,7 +306,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }
     }
 
-    fn required(&self, name: &str, rows: &Rows) -> Result<ArrayRef> {
+    /// A column the block must have; its absence is corruption.
+    pub(crate) fn required(&self, name: &str, rows: &Rows) -> Result<ArrayRef> {
         self.required_listed(name, rows, None)
     }
 

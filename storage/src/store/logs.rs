@@ -99,22 +99,11 @@ impl Store {
         let columns = scan.columns();
         let mut out = Vec::new();
         for (addr, meta) in snapshot.blocks.iter() {
-            if !scan.overlaps(meta) {
-                continue;
+            if let Some((_, columns)) =
+                self.block_log_columns(tenant, snapshot, *addr, meta, scan)?
+            {
+                out.push(columns);
             }
-            let Some(rows) = self.log_rows(tenant, snapshot, *addr, meta, scan)? else {
-                continue;
-            };
-            let reader = self.reader_of(tenant, Signal::Logs, *addr, meta);
-            let arrays = columns
-                .iter()
-                .map(|c| {
-                    reader.column(c, &rows)?.ok_or_else(|| {
-                        StorageError::corrupt("log block", format!("column {c} missing"))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            out.push(batch(&columns, arrays)?);
         }
         let mut head: Vec<&LogRecord> = snapshot
             .head
@@ -179,11 +168,7 @@ impl Store {
         let reader = self.reader_of(tenant, Signal::Logs, addr, meta);
         let arrays = columns
             .iter()
-            .map(|c| {
-                reader.column(c, &rows)?.ok_or_else(|| {
-                    StorageError::corrupt("log block", format!("column {c} missing"))
-                })
-            })
+            .map(|c| reader.required(c, &rows))
             .collect::<Result<Vec<_>>>()?;
         let ids = rows.iter(meta.rows).collect();
         Ok(Some((ids, batch(&columns, arrays)?)))

@@ -72,16 +72,7 @@ fn decode_resource_logs(v: &J, path: &Path<'_>) -> R<ResourceLogs> {
 
 /// Decodes an OTLP/JSON `ExportLogsServiceRequest`.
 pub fn decode_logs_request(bytes: &[u8]) -> Result<ExportLogsServiceRequest, IngestError> {
-    let undecodable = |detail: String| IngestError::Undecodable {
-        format: "OTLP/JSON",
-        detail,
-    };
-    let doc: J = serde_json::from_slice(bytes).map_err(|e| undecodable(e.to_string()))?;
-    let root = Path::Root;
-    let o = Obj::new(&doc, &root).map_err(undecodable)?;
-    let resource_logs = o
-        .array("resourceLogs", "resource_logs", decode_resource_logs)
-        .map_err(undecodable)?;
+    let resource_logs = top_array(bytes, "resourceLogs", "resource_logs", decode_resource_logs)?;
     Ok(ExportLogsServiceRequest { resource_logs })
 }
 

@@ -85,16 +85,12 @@ fn decode_resource_spans(v: &J, path: &Path<'_>) -> R<ResourceSpans> {
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest`.
 pub fn decode_request(bytes: &[u8]) -> Result<ExportTraceServiceRequest, IngestError> {
-    let undecodable = |detail: String| IngestError::Undecodable {
-        format: "OTLP/JSON",
-        detail,
-    };
-    let doc: J = serde_json::from_slice(bytes).map_err(|e| undecodable(e.to_string()))?;
-    let root = Path::Root;
-    let o = Obj::new(&doc, &root).map_err(undecodable)?;
-    let resource_spans = o
-        .array("resourceSpans", "resource_spans", decode_resource_spans)
-        .map_err(undecodable)?;
+    let resource_spans = top_array(
+        bytes,
+        "resourceSpans",
+        "resource_spans",
+        decode_resource_spans,
+    )?;
     Ok(ExportTraceServiceRequest { resource_spans })
 }
 
