@@ -12,6 +12,7 @@
 //! postings := tenant signal 'P' window:u64be block:u64be dimension (term -> roaring bitmap)
 //! trace-id := tenant signal 'X' trace:16 window:u64be block:u64be  (value: that trace's summary)
 //! grave    := tenant signal 'G' window:u64be block:u64be       (column family "meta", empty value)
+//! split    := tenant signal 'J' trace:16                       (column family "meta", empty value)
 //! format   := 0x00 "weft.format"                               (column family "meta")
 //! ```
 //! All integers are big-endian so that byte order is numeric order: the blocks of one time
@@ -37,6 +38,9 @@ pub const POSTINGS: u8 = b'P';
 pub const TRACE_ID: u8 = b'X';
 /// A block whose meta is deleted and whose data waits to be (column family "meta").
 pub const GRAVE: u8 = b'G';
+/// A trace whose rows are in more than one block (column family "meta"): its request
+/// dimensions are resolved over all of them (see `crate::request`).
+pub const SPLIT: u8 = b'J';
 
 /// What kind of telemetry rows are: each signal has its own schema and its own key range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,6 +115,12 @@ pub fn chunk(tenant: &TenantId, signal: Signal, addr: BlockAddr, column: &str) -
 pub fn postings(tenant: &TenantId, signal: Signal, addr: BlockAddr, dim: &str) -> Vec<u8> {
     let mut k = block_key(tenant, signal, POSTINGS, addr);
     k.extend_from_slice(dim.as_bytes());
+    k
+}
+
+pub fn split_trace(tenant: &TenantId, signal: Signal, trace: &TraceId) -> Vec<u8> {
+    let mut k = kind_prefix(tenant, signal, SPLIT);
+    k.extend_from_slice(&trace.0);
     k
 }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod head;
 pub mod keys;
 pub mod model;
+pub mod request;
 pub mod retention;
 pub mod schema;
 pub mod signal;

@@ -205,6 +205,8 @@ pub struct Snapshot<R = SpanRecord> {
     /// may be returned. Blocks wholly older and head rows older are already left out; a block
     /// that [`Self::straddles`] it must have its rows narrowed ([`Store::live_rows`]).
     pub cutoff: Option<UnixNanos>,
+    /// Traces whose span rows are in more than one block (see [`crate::request`]).
+    pub splits: Arc<HashSet<TraceId>>,
 }
 
 impl<R> Default for Snapshot<R> {
@@ -213,6 +215,7 @@ impl<R> Default for Snapshot<R> {
             blocks: Default::default(),
             head: HeadSnapshot::default(),
             cutoff: None,
+            splits: Default::default(),
         }
     }
 }
@@ -264,6 +267,8 @@ struct State {
     logs: HashMap<TenantId, TenantState<LogRecord>>,
     /// Blocks merged or out of retention, deleted once no reader holds them.
     retired: Vec<retire::Retired>,
+    /// Per tenant, the traces whose span rows are in more than one block.
+    splits: HashMap<TenantId, Arc<HashSet<TraceId>>>,
     next_seq: u64,
     next_block: u64,
 }
@@ -458,6 +463,13 @@ impl Store {
             }
             let parts = keys::split(&key)
                 .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
+            if parts.kind == keys::SPLIT {
+                let trace = <[u8; 16]>::try_from(parts.rest)
+                    .map_err(|_| StorageError::corrupt("split key", hex::encode(&key)))?;
+                let tenant = TenantId::new(parts.tenant)?;
+                Arc::make_mut(state.splits.entry(tenant).or_default()).insert(TraceId(trace));
+                continue;
+            }
             let addr = keys::read_addr(parts.rest)
                 .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
             let tenant = TenantId::new(parts.tenant)?;
@@ -793,6 +805,7 @@ impl Store {
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
         let mut rows = 0u64;
+        let mut splits = request::SplitNotes::default();
         for (window, in_window) in by_window {
             for part in R::split(in_window, self.opts.flush_rows) {
                 let addr = BlockAddr {
@@ -801,6 +814,7 @@ impl Store {
                 };
                 rows += part.len() as u64;
                 let built = R::build_block(part, self.opts.compression)?;
+                self.note_splits(tenant, R::SIGNAL, &built, &mut splits, true)?;
                 self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
                 self.stats
                     .block_bytes_written
@@ -811,7 +825,9 @@ impl Store {
         for key in &head.wal_keys {
             batch.delete_cf(self.cf(CF_HEAD), key);
         }
+        let splits = self.stage_splits(&mut batch, tenant, splits);
         self.db.write_opt(batch, &self.sync)?;
+        self.remember_splits(tenant, splits);
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         self.stats
             .blocks_written
@@ -960,7 +976,7 @@ impl Store {
 
     fn snapshot_of<R: Lane>(&self, tenant: &TenantId) -> Snapshot<R> {
         let cutoff = self.cutoff(tenant, R::SIGNAL);
-        let (blocks, mut head, head_min) = {
+        let (blocks, mut head, head_min, splits) = {
             let state = self.lock();
             let Some(t) = R::lanes(&state).get(tenant) else {
                 return Snapshot {
@@ -968,19 +984,24 @@ impl Store {
                     ..Default::default()
                 };
             };
+            let splits = match R::SIGNAL {
+                Signal::Spans => state.splits.get(tenant).cloned().unwrap_or_default(),
+                _ => Default::default(),
+            };
             let mut batches = t.head.batches.clone();
             let mut head_min = t.head.min_start;
             if let Some(f) = &t.frozen {
                 batches.extend(f.batches.iter().cloned());
                 head_min = head_min.min(f.min_start);
             }
-            (t.blocks.clone(), HeadSnapshot { batches }, head_min)
+            (t.blocks.clone(), HeadSnapshot { batches }, head_min, splits)
         };
         let Some(c) = cutoff else {
             return Snapshot {
                 blocks,
                 head,
                 cutoff,
+                splits,
             };
         };
         let blocks = if blocks.values().any(|m| m.max_start < c.0) {
@@ -1005,6 +1026,7 @@ impl Store {
             blocks,
             head,
             cutoff,
+            splits,
         }
     }
 
@@ -1414,7 +1436,10 @@ impl ChunkSource for ChunkFetcher<'_> {
 mod expire;
 mod logs;
 mod merge;
+mod request;
 mod retire;
+
+pub use request::TraceRequests;
 
 pub use logs::LogScan;
 #[cfg(test)]

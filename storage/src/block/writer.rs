@@ -18,9 +18,9 @@ use super::format::{
 use crate::codec::Writer;
 use crate::error::Result;
 use crate::model::{KeyValue, SpanRecord, StatusCode, Value};
+use crate::request::{self, OPEN_DIM, OPEN_TERM};
 use crate::schema::{
-    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, TRACE_DIM_PREFIX, dedicated_for,
-    is_long,
+    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
 };
 use crate::summary::TraceRoot;
 
@@ -349,7 +349,7 @@ pub fn build_block_with(
     }
 
     let traces = trace_entries(&rows);
-    add_inherited_postings(&mut postings, &rows, &traces);
+    add_request_postings(&mut postings, &rows, &traces);
 
     let mut ints = ints
         .into_iter()
@@ -523,29 +523,52 @@ fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
     out
 }
 
-/// For dimensions set on one span of a request (model version, worker, …), marks every row of
-/// the trace, so that "tokens of model version X" is one bitmap read.
-fn add_inherited_postings(postings: &mut Postings, rows: &[&SpanRecord], traces: &[TraceEntry]) {
+/// Each row's request dimensions (see [`crate::request`]), resolved over the rows of its
+/// trace in this block, as postings: runs of rows holding one value are added as ranges.
+/// Rows whose ancestry leaves the block are marked open; the open postings are written even
+/// when empty, which tells a reader the block has request postings.
+fn add_request_postings(postings: &mut Postings, rows: &[&SpanRecord], traces: &[TraceEntry]) {
+    let dims = request::request_dims();
+    // per dimension, the run being extended: its term and first row
+    let mut runs: Vec<Option<(String, u32)>> = vec![None; dims.len()];
+    let mut open: Option<u32> = None;
+    let mut row = 0u32;
+    let end_run = |postings: &mut Postings, d: usize, run: Option<(String, u32)>, end: u32| {
+        if let Some((term, first)) = run {
+            postings.add_range(request::request_dim_name(d).to_owned(), term, first..end);
+        }
+    };
     for t in traces {
-        let range = t.row_start..t.row_start + t.rows;
-        let spans = &rows[range.start as usize..range.end as usize];
-        let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for kv in spans.iter().flat_map(|s| &s.attributes) {
-            let Some((i, _)) = dedicated_for(&kv.key) else {
-                continue;
-            };
-            let d = &DEDICATED[i];
-            if let (true, Some(term)) = (d.inherited, kv.value.as_term()) {
-                let terms = seen.entry(d.name).or_default();
-                if !terms.contains(&term) {
-                    terms.push(term);
+        let spans = &rows[t.row_start as usize..(t.row_start + t.rows) as usize];
+        for resolved in request::resolve(spans) {
+            for (slot, &d) in dims.iter().enumerate() {
+                let term = resolved.values[slot].and_then(Value::as_term);
+                if runs[slot].as_ref().map(|(t, _)| t) != term.as_ref() {
+                    end_run(postings, d, runs[slot].take(), row);
+                    runs[slot] = term.map(|t| (t, row));
                 }
             }
-        }
-        for (dim, terms) in seen {
-            for term in terms {
-                postings.add_range(format!("{TRACE_DIM_PREFIX}{dim}"), term, range.clone());
+            match (resolved.open, open) {
+                (true, None) => open = Some(row),
+                (false, Some(first)) => {
+                    postings.add_range(OPEN_DIM.into(), OPEN_TERM.into(), first..row);
+                    open = None;
+                }
+                _ => {}
             }
+            row += 1;
         }
     }
+    for (slot, &d) in dims.iter().enumerate() {
+        end_run(postings, d, runs[slot].take(), row);
+    }
+    if let Some(first) = open {
+        postings.add_range(OPEN_DIM.into(), OPEN_TERM.into(), first..row);
+    }
+    postings
+        .0
+        .entry(OPEN_DIM.into())
+        .or_default()
+        .entry(OPEN_TERM.into())
+        .or_default();
 }

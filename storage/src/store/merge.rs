@@ -118,21 +118,25 @@ impl Store {
         let window = group[0].0.window;
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
+        let mut splits = super::request::SplitNotes::default();
         for part in R::split(rows.iter().collect(), self.opts.flush_rows) {
             let addr = BlockAddr {
                 window,
                 block: self.next_block_id(),
             };
             let built = R::build_block(part, self.opts.compression)?;
+            self.note_splits(tenant, R::SIGNAL, &built, &mut splits, false)?;
             self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
             written.push((addr, Arc::new(built.meta)));
         }
+        let splits = self.stage_splits(&mut batch, tenant, splits);
         for (addr, _) in &group {
             self.stage_retire(&mut batch, tenant, R::SIGNAL, *addr);
         }
         let new_blocks = written.len();
         let out: Vec<BlockAddr> = group.iter().map(|(addr, _)| *addr).collect();
         self.replace_blocks::<R>(tenant, batch, written, &out)?;
+        self.remember_splits(tenant, splits);
         self.stats.merges.fetch_add(1, Ordering::Relaxed);
         self.stats
             .blocks_merged

@@ -6,7 +6,7 @@ use roaring::RoaringBitmap;
 
 use super::*;
 use crate::model::*;
-use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, TRACE_DIM_PREFIX};
+use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 
 mod logs;
 
@@ -286,23 +286,36 @@ fn postings_agree_with_a_naive_scan() {
             assert_eq!(bitmap, naive(&|s| has(s, &term)), "{} = {term}", d.name);
             checked += 1;
         }
-        for (term, bitmap) in store
-            .dimension(&t, *addr, &format!("{TRACE_DIM_PREFIX}{}", d.name))
-            .unwrap()
-        {
-            let traces: HashSet<TraceId> = rows
-                .iter()
-                .filter(|s| has(s, &term))
-                .map(|s| s.trace_id)
-                .collect();
+        // request postings: the value on the row or its nearest ancestor in the block
+        let i = DEDICATED.iter().position(|x| x.name == d.name).unwrap();
+        let nearest = |at: &SpanRecord| -> Option<String> {
+            let mut cur = at;
+            loop {
+                if let Some(v) = crate::request::dedicated_value(cur, i) {
+                    return v.as_term();
+                }
+                let parent = cur.parent_span_id?;
+                cur = rows
+                    .iter()
+                    .find(|s| s.trace_id == at.trace_id && s.span_id == parent)?;
+            }
+        };
+        let request = store
+            .dimension(&t, *addr, crate::request::request_dim_name(i))
+            .unwrap();
+        for (term, bitmap) in &request {
             assert_eq!(
-                bitmap,
-                naive(&|s| traces.contains(&s.trace_id)),
-                "trace-level {} = {term}",
+                *bitmap,
+                naive(&|s| nearest(s).as_deref() == Some(term)),
+                "request {} = {term}",
                 d.name
             );
             checked += 1;
         }
+        assert_eq!(
+            request.iter().map(|(_, b)| b.len()).sum::<u64>(),
+            rows.iter().filter(|s| nearest(s).is_some()).count() as u64
+        );
     }
     assert!(checked > 10, "dimensions were indexed: {checked}");
     assert!(
