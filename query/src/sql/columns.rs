@@ -22,10 +22,13 @@ use weft_storage::block::reader::{BlockReader, ChunkSource, Rows};
 use weft_storage::block::writer::col;
 use weft_storage::keys::BlockAddr;
 use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, TraceId, Value};
+use weft_storage::request::{request_dim_name, request_dims};
 use weft_storage::schema::{
     ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
 };
 use weft_storage::store::Snapshot;
+
+use super::request::HeadRequests;
 
 /// Dynamic columns offered per tenant at most; any other key is still in `attributes`.
 pub const MAX_DYNAMIC_COLUMNS: usize = 256;
@@ -50,6 +53,9 @@ pub enum SpanCol {
     ScopeVersion,
     /// Index into [`DEDICATED`].
     Dedicated(usize),
+    /// `"request.D"`: dedicated column `D` (an index into [`DEDICATED`]) on the span or its
+    /// nearest ancestor (see [`super::request`]).
+    Request(usize),
     /// A dynamic attribute key and the SQL type it is offered as.
     Dynamic(String, DataType),
     Attributes,
@@ -64,6 +70,7 @@ impl SpanCol {
             SpanCol::Name => Some(DIM_NAME),
             SpanCol::StatusCode => Some(DIM_STATUS),
             SpanCol::Dedicated(i) if DEDICATED[*i].indexed => Some(DEDICATED[*i].name),
+            SpanCol::Request(i) => Some(request_dim_name(*i)),
             _ => None,
         }
     }
@@ -233,9 +240,21 @@ impl SpanColumns {
             fields.push(Field::new(d.name, ty, true));
             cols.push(SpanCol::Dedicated(i));
         }
+        for &i in request_dims() {
+            let d = &DEDICATED[i];
+            let ty = match d.ty {
+                ColumnType::Str => DataType::Utf8View,
+                other => sql_type(other),
+            };
+            fields.push(Field::new(request_column(i), ty, true));
+            cols.push(SpanCol::Request(i));
+        }
         let taken = |k: &str| {
             FIXED.iter().any(|(n, _)| *n == k)
                 || dedicated_for(k).is_some()
+                || k.strip_prefix(REQUEST_COLUMN_PREFIX)
+                    .and_then(dedicated_for)
+                    .is_some()
                 || k == "attributes"
                 || k == "resource_attributes"
         };
@@ -561,6 +580,14 @@ pub fn read_block<S: ChunkSource>(
                 indexed_views(reader, d.name, &name, rows)?
                     .unwrap_or_else(|| arrow::array::new_null_array(field.data_type(), n))
             }
+            SpanCol::Request(i) => {
+                // from the block's postings; rows whose ancestor is elsewhere are fixed by
+                // the table (see `super::request::fix_block`)
+                let terms = reader
+                    .postings_terms(request_dim_name(*i), rows)
+                    .map_err(s)?;
+                cast(&terms, field.data_type())?
+            }
             SpanCol::Dedicated(i) => {
                 let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);
                 match reader.attribute_array(&name, rows).map_err(s)? {
@@ -649,16 +676,14 @@ fn core_views<S: ChunkSource>(
         .ok_or_else(|| DataFusionError::Internal(format!("block lacks core column {name}")))
 }
 
-/// A head row's value of dedicated column `i`, as a block stores it (and indexes it): the first
-/// value sent under the column's name or alias that has the column's type.
-pub fn dedicated_value(r: &SpanRecord, i: usize) -> Option<&Value> {
-    r.attributes
-        .iter()
-        .find(|kv| {
-            dedicated_for(&kv.key).is_some_and(|(j, _)| j == i)
-                && ColumnType::of(&kv.value) == Some(DEDICATED[i].ty)
-        })
-        .map(|kv| &kv.value)
+pub use weft_storage::request::dedicated_value;
+
+/// Prefix of the request columns' names.
+pub const REQUEST_COLUMN_PREFIX: &str = "request.";
+
+/// The name of the request column of dedicated column `i`: `request.llm.model_version`.
+pub fn request_column(i: usize) -> String {
+    format!("{REQUEST_COLUMN_PREFIX}{}", DEDICATED[i].name)
 }
 
 fn other_attributes<S: ChunkSource>(
@@ -725,11 +750,13 @@ fn code_names(
     Ok(arrow::compute::take(names, &at, None)?)
 }
 
-/// Builds the given columns from head rows.
+/// Builds the given columns from head rows (`requests`: their request values, needed when a
+/// request column is projected).
 pub fn read_rows(
     rows: &[&SpanRecord],
     columns: &SpanColumns,
     projection: &[usize],
+    requests: Option<&HeadRequests>,
 ) -> Result<Vec<ArrayRef>> {
     let hex = |f: &dyn Fn(&SpanRecord) -> Option<String>| -> ArrayRef {
         Arc::new(rows.iter().map(|r| f(r)).collect::<StringArray>())
@@ -775,6 +802,14 @@ pub fn read_rows(
                 field.data_type(),
                 rows.iter().map(|r| dedicated_value(r, *i).cloned()),
             ),
+            SpanCol::Request(i) => {
+                let slot = super::request::slot(*i);
+                values_column(
+                    field.data_type(),
+                    rows.iter()
+                        .map(|r| requests.and_then(|h| h.of(r)).and_then(|v| v[slot].clone())),
+                )
+            }
             SpanCol::Dynamic(key, ty) => {
                 values_column(ty, rows.iter().map(|r| r.attribute(key).cloned()))
             }

@@ -12,6 +12,7 @@ mod percentiles;
 pub mod pg_catalog;
 pub mod plans;
 pub mod pushdown;
+pub mod request;
 pub mod runs;
 pub mod scan;
 pub mod shared;
@@ -281,6 +282,7 @@ impl SqlEngine {
             tenant: tenant.clone(),
             snapshot: self.store.snapshot(tenant),
             pushdown,
+            requests: Default::default(),
         };
         let tables: Vec<(&'static str, Arc<dyn TableProvider>)> = vec![
             ("spans", Arc::new(SpansTable::new(table_ctx.clone()))),

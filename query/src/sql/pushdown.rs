@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
@@ -14,12 +15,18 @@ use weft_storage::Store;
 use weft_storage::block::BlockMeta;
 use weft_storage::block::reader::Rows;
 use weft_storage::keys::BlockAddr;
-use weft_storage::model::{SpanRecord, TenantId, TraceId};
+use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
+use weft_storage::request::REQUEST_PREFIX;
 use weft_storage::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 use weft_storage::store::Snapshot;
 use weft_storage::terms::TermFilter;
 
 use super::columns::{SpanCol, SpanColumns, dedicated_value};
+use super::request::HeadRequests;
+
+/// The rows of a block whose request values must be resolved over their whole trace.
+pub type LateRows<'a> =
+    &'a dyn Fn(BlockAddr, &BlockMeta) -> datafusion::error::Result<RoaringBitmap>;
 
 /// What a query's filters let the store skip. Bounds are inclusive, in Unix nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -76,14 +83,16 @@ pub(super) fn text(v: &ScalarValue) -> Option<String> {
 /// A literal as the postings term of a dimension of the given column.
 fn term(c: &SpanCol, v: &ScalarValue) -> Option<String> {
     match c {
-        SpanCol::Dedicated(i) if DEDICATED[*i].ty == ColumnType::Int => match v {
-            ScalarValue::Int64(Some(n)) => Some(n.to_string()),
-            ScalarValue::Int32(Some(n)) => Some(n.to_string()),
-            ScalarValue::Int16(Some(n)) => Some(n.to_string()),
-            ScalarValue::Int8(Some(n)) => Some(n.to_string()),
-            ScalarValue::UInt32(Some(n)) => Some(n.to_string()),
-            _ => None,
-        },
+        SpanCol::Dedicated(i) | SpanCol::Request(i) if DEDICATED[*i].ty == ColumnType::Int => {
+            match v {
+                ScalarValue::Int64(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int32(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int16(Some(n)) => Some(n.to_string()),
+                ScalarValue::Int8(Some(n)) => Some(n.to_string()),
+                ScalarValue::UInt32(Some(n)) => Some(n.to_string()),
+                _ => None,
+            }
+        }
         _ => text(v),
     }
 }
@@ -328,8 +337,9 @@ impl Pushdown {
             || self.end_max.is_some_and(|m| m < min_start))
     }
 
-    /// Whether a head row passes the pushed filters.
-    pub fn row_matches(&self, r: &SpanRecord) -> bool {
+    /// Whether a head row passes the pushed filters (`requests`: the head's request values,
+    /// needed when a request column is filtered).
+    pub fn row_matches(&self, r: &SpanRecord, requests: Option<&HeadRequests>) -> bool {
         let (start, end) = (r.start.0 as i64, (r.start.0 + r.duration_ns()) as i64);
         if self.start_min.is_some_and(|m| start < m)
             || self.start_max.is_some_and(|m| start > m)
@@ -348,6 +358,15 @@ impl Pushdown {
                 DIM_SERVICE => Some(r.service_name().to_owned()),
                 DIM_NAME => Some(r.name.clone()),
                 DIM_STATUS => Some(r.status_code.as_str().to_owned()),
+                d if d.starts_with(REQUEST_PREFIX) => {
+                    let i = DEDICATED
+                        .iter()
+                        .position(|x| x.name == &d[REQUEST_PREFIX.len()..]);
+                    let values = requests.and_then(|h| h.of(r));
+                    i.zip(values)
+                        .and_then(|(i, v)| v[super::request::slot(i)].as_ref())
+                        .and_then(Value::as_term)
+                }
                 d => DEDICATED
                     .iter()
                     .position(|x| x.name == d)
@@ -360,6 +379,11 @@ impl Pushdown {
 
     pub fn uses_index(&self) -> bool {
         self.trace_ids.is_some() || !self.dims.is_empty()
+    }
+
+    /// Whether a request column is filtered.
+    pub fn uses_requests(&self) -> bool {
+        self.dims.keys().any(|d| d.starts_with(REQUEST_PREFIX))
     }
 }
 
@@ -391,6 +415,20 @@ impl ScanPlan {
         p: &Pushdown,
         use_pushdown: bool,
     ) -> datafusion::error::Result<Self> {
+        Self::build_with(store, tenant, snapshot, p, use_pushdown, None)
+    }
+
+    /// [`Self::build`]; `late` gives the rows of a block whose request values its postings
+    /// cannot give (see [`super::request::late_rows`]): with a request column filtered, they
+    /// are read whatever their postings say, and the filter is applied once they are resolved.
+    pub fn build_with(
+        store: &Store,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        p: &Pushdown,
+        use_pushdown: bool,
+        late: Option<LateRows<'_>>,
+    ) -> datafusion::error::Result<Self> {
         let err = |e: weft_storage::StorageError| {
             datafusion::error::DataFusionError::External(Box::new(e))
         };
@@ -418,6 +456,16 @@ impl ScanPlan {
         }
         let terms = (use_pushdown && !p.dims.is_empty())
             .then(|| TermFilter::new(p.dims.iter().map(|(d, terms)| (*d, terms.as_slice()))));
+        // the filter without its request columns, for rows resolved late
+        let late = late.filter(|_| use_pushdown && p.uses_requests());
+        let others = late.map(|_| {
+            TermFilter::new(
+                p.dims
+                    .iter()
+                    .filter(|(d, _)| !d.starts_with(REQUEST_PREFIX))
+                    .map(|(d, terms)| (*d, terms.as_slice())),
+            )
+        });
         for (addr, meta) in snapshot.blocks.iter() {
             if use_pushdown && !p.block_in_range(meta) {
                 plan.blocks_pruned_by_time += 1;
@@ -430,9 +478,18 @@ impl ScanPlan {
             if let Some(filter) = &terms
                 && !selected.as_ref().is_some_and(RoaringBitmap::is_empty)
             {
-                let matching = store
+                let mut matching = store
                     .rows_matching(tenant, *addr, meta.rows, filter)
                     .map_err(err)?;
+                if let (Some(late), Some(others)) = (late, &others) {
+                    let late = late(*addr, meta)?;
+                    if !late.is_empty() {
+                        let others = store
+                            .rows_matching(tenant, *addr, meta.rows, others)
+                            .map_err(err)?;
+                        matching = Arc::new(matching.as_ref() | &(late & others.as_ref()));
+                    }
+                }
                 selected = Some(match selected {
                     Some(s) => s & matching.as_ref(),
                     None => matching.as_ref().clone(),

@@ -24,8 +24,11 @@ use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
-use super::columns::{SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type};
+use super::columns::{
+    SpanCol, SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type,
+};
 use super::pushdown::{BlockWork, Pushdown, ScanPlan};
+use super::request::{self, HeadRequests, RequestCell};
 use super::scan::{ScanSource, WeftScanExec};
 
 /// What every table of one query reads: the store, the tenant and one snapshot.
@@ -36,6 +39,14 @@ pub struct TableContext {
     pub snapshot: Snapshot,
     /// Push-down on (the default) or off (to check answers against a plain scan).
     pub pushdown: bool,
+    /// The head's request values, computed when a query first uses a request column.
+    pub requests: Arc<RequestCell>,
+}
+
+impl TableContext {
+    fn head_requests(&self) -> Result<Arc<HeadRequests>> {
+        self.requests.get(&self.store, &self.tenant, &self.snapshot)
+    }
 }
 
 impl fmt::Debug for TableContext {
@@ -94,16 +105,20 @@ fn shared_pushdown(
 }
 
 /// Head rows passing the pushed filters, as (batch, row) indexes into the snapshot.
-fn head_rows(ctx: &TableContext, p: &Pushdown) -> Vec<(u32, u32)> {
+fn head_rows(ctx: &TableContext, p: &Pushdown) -> Result<Vec<(u32, u32)>> {
+    let requests = match ctx.pushdown && p.uses_requests() {
+        true => Some(ctx.head_requests()?),
+        false => None,
+    };
     let mut out = Vec::new();
     for (b, batch) in ctx.snapshot.head.batches.iter().enumerate() {
         for (i, r) in batch.iter().enumerate() {
-            if !ctx.pushdown || p.row_matches(r) {
+            if !ctx.pushdown || p.row_matches(r, requests.as_deref()) {
                 out.push((b as u32, i as u32));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn head_records<'a>(ctx: &'a TableContext, rows: &[(u32, u32)]) -> Vec<&'a SpanRecord> {
@@ -130,14 +145,20 @@ impl SpansTable {
     /// A read of this table's snapshot with `pushdown`: the blocks and rows it selects, and
     /// the source that reads them.
     fn source(&self, pushdown: Pushdown) -> Result<(Arc<dyn ScanSource>, ScanPlan)> {
-        let plan = ScanPlan::build(
-            &self.ctx.store,
-            &self.ctx.tenant,
-            &self.ctx.snapshot,
+        let ctx = &self.ctx;
+        let late = |addr, meta: &weft_storage::block::BlockMeta| {
+            let head = ctx.head_requests()?;
+            request::late_rows(&ctx.store, &ctx.tenant, &ctx.snapshot, &head, addr, meta)
+        };
+        let plan = ScanPlan::build_with(
+            &ctx.store,
+            &ctx.tenant,
+            &ctx.snapshot,
             &pushdown,
-            self.ctx.pushdown,
+            ctx.pushdown,
+            Some(&late),
         )?;
-        let head = head_rows(&self.ctx, &pushdown);
+        let head = head_rows(&self.ctx, &pushdown)?;
         let source = SpansSource {
             ctx: self.ctx.clone(),
             columns: self.columns.clone(),
@@ -169,19 +190,46 @@ impl ScanSource for SpansSource {
             .store
             .block_reader(&self.ctx.tenant, work.addr, &work.meta);
         let n = work.rows.len(work.meta.rows);
-        Ok((
-            n,
-            read_block(&reader, &work.rows, &self.columns, projection)?,
-        ))
+        let mut arrays = read_block(&reader, &work.rows, &self.columns, projection)?;
+        let mut requests: Vec<(usize, &mut ArrayRef)> = projection
+            .iter()
+            .zip(arrays.iter_mut())
+            .filter_map(|(&p, a)| match self.columns.cols[p] {
+                SpanCol::Request(i) => Some((request::slot(i), a)),
+                _ => None,
+            })
+            .collect();
+        if !requests.is_empty() {
+            let ctx = &self.ctx;
+            let head = ctx.head_requests()?;
+            request::fix_block(
+                &ctx.store,
+                &ctx.tenant,
+                &ctx.snapshot,
+                &head,
+                work.addr,
+                &work.meta,
+                &work.rows,
+                &mut requests,
+            )?;
+        }
+        Ok((n, arrays))
     }
     fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>> {
         if self.head.is_empty() {
             return Ok(Vec::new());
         }
         let rows = head_records(&self.ctx, &self.head);
+        let uses_requests = projection
+            .iter()
+            .any(|&p| matches!(self.columns.cols[p], SpanCol::Request(_)));
+        let requests = match uses_requests {
+            true => Some(self.ctx.head_requests()?),
+            false => None,
+        };
         Ok(vec![(
             rows.len(),
-            read_rows(&rows, &self.columns, projection)?,
+            read_rows(&rows, &self.columns, projection, requests.as_deref())?,
         )])
     }
     fn head_rows(&self) -> usize {
@@ -527,7 +575,7 @@ impl TableProvider for NestedTable {
             &pushdown,
             self.ctx.pushdown,
         )?;
-        let head = head_rows(&self.ctx, &pushdown);
+        let head = head_rows(&self.ctx, &pushdown)?;
         let source = NestedSource {
             ctx: self.ctx.clone(),
             kind: self.kind,

@@ -11,6 +11,7 @@ use weft_storage::{Store, StoreOptions};
 use super::*;
 
 mod logs;
+mod request;
 
 const BASE: u64 = 1_700_000_000_000_000_000;
 

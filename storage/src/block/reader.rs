@@ -684,6 +684,35 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(arrow::compute::take(&terms, &keys, None)?))
     }
 
+    /// The term each of `rows` holds in postings dimension `dim`, as text (null where it holds
+    /// none): for dimensions that only postings keep, such as the request dimensions.
+    pub fn postings_terms(&self, dim: &str, rows: &Rows) -> Result<ArrayRef> {
+        let n = rows.len(self.meta.rows);
+        let postings = self.source.postings(dim)?.unwrap_or_default();
+        let mut keys: Vec<Option<u32>> = vec![None; n];
+        for (t, (_, held)) in postings.iter().enumerate() {
+            match rows {
+                Rows::All => held.iter().for_each(|r| keys[r as usize] = Some(t as u32)),
+                Rows::Range(start, len) => {
+                    let mut range = RoaringBitmap::new();
+                    range.insert_range(*start..start + len);
+                    (held & &range)
+                        .iter()
+                        .for_each(|r| keys[(r - start) as usize] = Some(t as u32));
+                }
+                Rows::Set(set) => (held & set)
+                    .iter()
+                    .for_each(|r| keys[set.rank(r) as usize - 1] = Some(t as u32)),
+            }
+        }
+        let terms = StringArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
+        Ok(arrow::compute::take(
+            &terms,
+            &UInt32Array::from(keys),
+            None,
+        )?)
+    }
+
     /// Every attribute of each row (typed columns, the generic map, and long values when asked
     /// for), under the name each was sent with.
     pub fn row_attributes(&self, rows: &Rows, with_long: bool) -> Result<Vec<Vec<KeyValue>>> {

@@ -1,0 +1,213 @@
+//! The `"request.D"` columns of `spans`: each span's value of an indexed LLM dimension `D` on
+//! itself or its nearest ancestor that has one (see `weft_storage::request`).
+//!
+//! A block answers them from its `request:D` postings, resolved over the rows of each trace it
+//! holds. Rows whose ancestry leaves the block are resolved again over the whole trace when the
+//! trace has rows elsewhere: in another block (the snapshot's split traces) or in the head. Head
+//! rows are resolved per query over the head, and over the whole trace for those whose
+//! ancestry leaves it. Blocks written before request postings existed are resolved whole.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+use roaring::RoaringBitmap;
+use weft_storage::Store;
+use weft_storage::block::BlockMeta;
+use weft_storage::block::reader::Rows;
+use weft_storage::keys::BlockAddr;
+use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
+use weft_storage::request::{OPEN_DIM, request_dims, resolve};
+use weft_storage::store::Snapshot;
+use weft_storage::store::TraceRequests;
+
+use super::columns::values_column;
+
+fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// The slot of dedicated column `i` among the request dimensions.
+pub fn slot(i: usize) -> usize {
+    request_dims()
+        .iter()
+        .position(|&d| d == i)
+        .expect("a request dimension")
+}
+
+/// What one query knows of its snapshot's head for the request columns, computed once when a
+/// query first uses them.
+#[derive(Debug, Default)]
+pub struct HeadRequests {
+    /// Every head span's request values.
+    values: TraceRequests,
+    /// The traces with rows in the head.
+    traces: HashSet<TraceId>,
+}
+
+impl HeadRequests {
+    /// The request values of a head row.
+    pub fn of(&self, r: &SpanRecord) -> Option<&Vec<Option<Value>>> {
+        self.values.get(&(r.trace_id, r.span_id))
+    }
+
+    fn compute(store: &Store, tenant: &TenantId, snapshot: &Snapshot) -> Result<Self> {
+        let mut by_trace: HashMap<TraceId, Vec<&SpanRecord>> = HashMap::new();
+        for r in snapshot.head.rows() {
+            by_trace.entry(r.trace_id).or_default().push(r);
+        }
+        let mut values = TraceRequests::new();
+        let mut open = Vec::new();
+        for (trace, spans) in &by_trace {
+            let resolved = resolve(spans);
+            if resolved.iter().any(|r| r.open) || snapshot.splits.contains(trace) {
+                open.push(*trace);
+                continue;
+            }
+            for (span, r) in spans.iter().zip(resolved) {
+                let v = r.values.into_iter().map(|v| v.cloned()).collect();
+                values.insert((*trace, span.span_id), v);
+            }
+        }
+        values.extend(
+            store
+                .resolve_traces(tenant, snapshot, &open)
+                .map_err(storage_err)?,
+        );
+        Ok(Self {
+            values,
+            traces: by_trace.into_keys().collect(),
+        })
+    }
+}
+
+/// The head's request values, computed at most once per query.
+#[derive(Debug, Default)]
+pub struct RequestCell(OnceLock<Arc<HeadRequests>>);
+
+impl RequestCell {
+    pub fn get(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+    ) -> Result<Arc<HeadRequests>> {
+        if let Some(h) = self.0.get() {
+            return Ok(h.clone());
+        }
+        let computed = Arc::new(HeadRequests::compute(store, tenant, snapshot)?);
+        Ok(self.0.get_or_init(|| computed).clone())
+    }
+}
+
+/// Rows of a block (among `rows`) whose request values its postings cannot give: open rows of
+/// traces with rows elsewhere, or every row of a block written without request postings.
+pub fn late_rows(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    addr: BlockAddr,
+    meta: &BlockMeta,
+) -> Result<RoaringBitmap> {
+    let err = storage_err;
+    let open = store
+        .dimension_shared(tenant, addr, OPEN_DIM)
+        .map_err(err)?;
+    let Some((_, open)) = open.first() else {
+        let mut all = RoaringBitmap::new();
+        all.insert_range(0..meta.rows);
+        return Ok(all);
+    };
+    if open.is_empty() || (snapshot.splits.is_empty() && head.traces.is_empty()) {
+        return Ok(RoaringBitmap::new());
+    }
+    let reader = store.block_reader(tenant, addr, meta);
+    let Some(runs) = reader.trace_runs().map_err(err)? else {
+        return Ok(open.clone());
+    };
+    let mut late = RoaringBitmap::new();
+    for (i, (start, id)) in runs.starts.iter().zip(&runs.ids).enumerate() {
+        if snapshot.splits.contains(id) || head.traces.contains(id) {
+            let end = runs.starts.get(i + 1).copied().unwrap_or(meta.rows);
+            late.insert_range(*start..end);
+        }
+    }
+    Ok(late & open)
+}
+
+/// Replaces the request columns' values of a block's late rows (see [`late_rows`]) by their
+/// values resolved over the whole trace. `columns` are `(slot, array)` pairs aligned to `rows`.
+#[allow(clippy::too_many_arguments)]
+pub fn fix_block(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    addr: BlockAddr,
+    meta: &BlockMeta,
+    rows: &Rows,
+    columns: &mut [(usize, &mut ArrayRef)],
+) -> Result<()> {
+    let late = late_rows(store, tenant, snapshot, head, addr, meta)?;
+    let late = match rows {
+        Rows::All => late,
+        Rows::Range(start, len) => {
+            let mut range = RoaringBitmap::new();
+            range.insert_range(*start..start + len);
+            late & range
+        }
+        Rows::Set(set) => late & set,
+    };
+    if late.is_empty() {
+        return Ok(());
+    }
+    let reader = store.block_reader(tenant, addr, meta);
+    let picked = Rows::Set(late.clone());
+    let spans = reader.span_ids(&picked).map_err(storage_err)?;
+    let traces = reader.trace_ids(&picked).map_err(storage_err)?;
+    let unique: Vec<TraceId> = traces
+        .iter()
+        .copied()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let whole = store
+        .resolve_traces(tenant, snapshot, &unique)
+        .map_err(storage_err)?;
+    let position = |row: u32| -> usize {
+        match rows {
+            Rows::All => row as usize,
+            Rows::Range(start, _) => (row - start) as usize,
+            Rows::Set(set) => set.rank(row) as usize - 1,
+        }
+    };
+    for (slot, array) in columns.iter_mut() {
+        let mut values = array_values(array);
+        for ((row, span), trace) in late.iter().zip(&spans).zip(&traces) {
+            values[position(row)] = whole.get(&(*trace, *span)).and_then(|v| v[*slot].clone());
+        }
+        **array = values_column(array.data_type(), values.into_iter());
+    }
+    Ok(())
+}
+
+/// A request column's values (text or integer) as the model's values.
+fn array_values(a: &ArrayRef) -> Vec<Option<Value>> {
+    (0..a.len())
+        .map(|i| {
+            if a.is_null(i) {
+                return None;
+            }
+            Some(match a.data_type() {
+                DataType::Int64 => {
+                    Value::Int(a.as_primitive::<arrow::datatypes::Int64Type>().value(i))
+                }
+                DataType::Utf8View => Value::Str(a.as_string_view().value(i).to_owned()),
+                _ => Value::Str(a.as_string::<i32>().value(i).to_owned()),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,252 @@
+//! The `"request.D"` columns against a naive ancestor walk over every stored span: retried
+//! requests (two generate spans on two workers), children stored before their parents (in an
+//! earlier block, or in a block while the parent is in the head), traces whose root has a
+//! remote parent; with and without push-down, before and after a restart.
+
+use super::*;
+
+/// Traces shaped as an engine sends them: a root, one or two generate attempts, tokens. Each
+/// entry is (arrival group, span): spans of group 0 are flushed first, group 1 next, group 2
+/// stays in the head.
+fn traces(seed: u64) -> Vec<(u8, SpanRecord)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let engine = Arc::new(Resource {
+        attributes: vec![KeyValue::new("service.name", Value::Str("engine".into()))],
+        ..Default::default()
+    });
+    let mut out = Vec::new();
+    for t in 0..60u64 {
+        let mut id = [0u8; 16];
+        rng.fill(&mut id[..]);
+        let trace = TraceId(id);
+        let base = BASE + t * 1_000_000_000;
+        let new_id = |rng: &mut StdRng| SpanId(rng.random::<[u8; 8]>().map(|b| b | 1));
+        let span = |id, parent, name: &str, at: u64, attrs: Vec<KeyValue>| SpanRecord {
+            trace_id: trace,
+            span_id: id,
+            parent_span_id: parent,
+            name: name.into(),
+            kind: SpanKind::Internal,
+            start: UnixNanos(base + at),
+            end: UnixNanos(base + at + 1_000),
+            attributes: attrs,
+            resource: engine.clone(),
+            ..Default::default()
+        };
+        let root = new_id(&mut rng);
+        // a root continued from a caller Weft never sees, now and then
+        let remote = (t % 7 == 0).then(|| new_id(&mut rng));
+        let shape = t % 5; // 0: plain, 1: retry, 2: tokens flushed before their generate span,
+        // 3: tokens flushed while the generate span stays in the head, 4: all in the head
+        let (root_group, gen_group, token_group) = match shape {
+            2 => (1, 1, 0),
+            3 => (2, 2, 0),
+            4 => (2, 2, 2),
+            _ => (0, 0, 0),
+        };
+        out.push((
+            root_group,
+            span(
+                root,
+                remote,
+                "POST /v1/chat/completions",
+                0,
+                vec![KeyValue::new(
+                    "llm.model_version",
+                    Value::Str(format!("v{}", t % 3)),
+                )],
+            ),
+        ));
+        let attempts = if shape == 1 { 2 } else { 1 };
+        for a in 0..attempts {
+            let generate = new_id(&mut rng);
+            let worker = format!("w-{}", (t + a * 6) % 8);
+            out.push((
+                gen_group,
+                span(
+                    generate,
+                    Some(root),
+                    "llm.generate",
+                    10 + a * 500,
+                    vec![
+                        KeyValue::new("worker.id", Value::Str(worker)),
+                        KeyValue::new("llm.batch_size", Value::Int(8 * (1 + (t % 4) as i64))),
+                        KeyValue::new("llm.lora_adapter", Value::Str("sql-lora".into())),
+                    ],
+                ),
+            ));
+            for k in 0..rng.random_range(2..6) {
+                let mut attrs = vec![KeyValue::new("llm.token.index", Value::Int(k))];
+                if k == 0 && t % 11 == 0 {
+                    // a token that says otherwise: its own value wins
+                    attrs.push(KeyValue::new("worker.id", Value::Str("w-own".into())));
+                }
+                out.push((
+                    token_group,
+                    span(
+                        new_id(&mut rng),
+                        Some(generate),
+                        "llm.decode",
+                        20 + a * 500 + k as u64 * 10,
+                        attrs,
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The nearest value of `key` on a span or its ancestors, one step at a time.
+fn naive(all: &[SpanRecord], span: &SpanRecord, key: &str) -> String {
+    let mut cur = span;
+    loop {
+        if let Some(v) = cur.attribute(key) {
+            return match v {
+                Value::Str(s) => s.clone(),
+                Value::Int(i) => i.to_string(),
+                _ => unreachable!(),
+            };
+        }
+        let Some(parent) = cur.parent_span_id else {
+            return "NULL".into();
+        };
+        match all
+            .iter()
+            .find(|s| s.trace_id == cur.trace_id && s.span_id == parent)
+        {
+            Some(p) => cur = p,
+            None => return "NULL".into(),
+        }
+    }
+}
+
+fn store_of(dir: &std::path::Path, groups: &[(u8, SpanRecord)], tenant: &TenantId) -> Arc<Store> {
+    let store = Arc::new(Store::open(dir, StoreOptions::default()).unwrap());
+    for g in 0..3 {
+        let rows: Vec<SpanRecord> = groups
+            .iter()
+            .filter(|(k, _)| *k == g)
+            .map(|(_, s)| s.clone())
+            .collect();
+        store.append(tenant, rows).unwrap();
+        if g < 2 {
+            store.flush(true).unwrap();
+        }
+    }
+    store
+}
+
+fn fixture_of(dir: tempfile::TempDir, store: Arc<Store>, all: Vec<SpanRecord>) -> Fixture {
+    let engine = SqlEngine::new(
+        store,
+        SqlConfig {
+            target_partitions: 2,
+            ..Default::default()
+        },
+    );
+    Fixture {
+        _dir: dir,
+        engine,
+        spans: all,
+        tenant: TenantId::default_tenant(),
+    }
+}
+
+fn check(f: &Fixture) {
+    let all = &f.spans;
+    let expected: Vec<Vec<String>> = all
+        .iter()
+        .map(|s| {
+            vec![
+                s.span_id.to_hex(),
+                naive(all, s, "worker.id"),
+                naive(all, s, "llm.model_version"),
+                naive(all, s, "llm.batch_size"),
+            ]
+        })
+        .collect();
+    let sql = r#"SELECT span_id, "request.worker.id", "request.llm.model_version",
+        "request.llm.batch_size" FROM spans"#;
+    for pushdown in [true, false] {
+        let got = block_on(rows(f, sql, pushdown)).unwrap();
+        assert_eq!(sorted(got), sorted(expected.clone()), "pushdown {pushdown}");
+    }
+    // filters on request columns select exactly the spans the walk finds
+    let cases = [
+        (r#""request.worker.id" = 'w-7'"#, ("worker.id", vec!["w-7"])),
+        (
+            r#""request.worker.id" IN ('w-1', 'w-own')"#,
+            ("worker.id", vec!["w-1", "w-own"]),
+        ),
+        (
+            r#""request.llm.model_version" = 'v2'"#,
+            ("llm.model_version", vec!["v2"]),
+        ),
+        (
+            r#""request.llm.batch_size" = 16"#,
+            ("llm.batch_size", vec!["16"]),
+        ),
+    ];
+    for (filter, (key, values)) in cases {
+        let mut want: Vec<Vec<String>> = all
+            .iter()
+            .filter(|s| values.contains(&naive(all, s, key).as_str()))
+            .filter(|s| s.name == "llm.decode")
+            .map(|s| vec![s.span_id.to_hex()])
+            .collect();
+        want.sort();
+        assert!(!want.is_empty(), "{filter} selects something");
+        let sql = format!("SELECT span_id FROM spans WHERE {filter} AND name = 'llm.decode'");
+        for pushdown in [true, false] {
+            let got = sorted(block_on(rows(f, &sql, pushdown)).unwrap());
+            assert_eq!(got, want, "{filter}, pushdown {pushdown}");
+        }
+        let count = format!("SELECT count(*) FROM spans WHERE {filter} AND name = 'llm.decode'");
+        let got = block_on(rows(f, &count, true)).unwrap();
+        assert_eq!(got, vec![vec![want.len().to_string()]], "{count}");
+    }
+}
+
+#[test]
+fn request_columns_match_a_naive_ancestor_walk() {
+    let tenant = TenantId::default_tenant();
+    let groups = traces(3);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path(), &groups, &tenant);
+    assert!(store.blocks(&tenant).len() >= 2);
+    let f = fixture_of(dir, store, all.clone());
+    check(&f);
+
+    // after a restart (the head replayed, the split traces read back), then with every row
+    // in blocks
+    let Fixture {
+        _dir: dir, engine, ..
+    } = f;
+    drop(engine);
+    let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    let f = fixture_of(dir, store.clone(), all.clone());
+    check(&f);
+    store.flush(true).unwrap();
+    check(&f);
+}
+
+#[test]
+fn explain_shows_request_postings() {
+    let tenant = TenantId::default_tenant();
+    let groups = traces(4);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path(), &groups, &tenant);
+    let f = fixture_of(dir, store, all);
+    let plan = block_on(text_of(
+        &f,
+        r#"EXPLAIN SELECT count(*) FROM spans WHERE "request.worker.id" = 'w-3'"#,
+        true,
+    ));
+    assert!(
+        plan.contains("postings request:worker.id IN (w-3)"),
+        "{plan}"
+    );
+}
