@@ -135,7 +135,15 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
     let (d0, dm, d1) = (duck_ts(p.t0), duck_ts(p.mid), duck_ts(p.t1));
     let (c0, cm, c1) = (ch_ts(p.t0), ch_ts(p.mid), ch_ts(p.t1));
     let (trace, version, worker, adapter) = (&p.trace, &p.version, &p.worker, &p.adapter);
-    let q8 = |us: &str, t0: &str, t1: &str, q: char| {
+    // Q8 in three formulations: dimensions joined from the generate span, read from the
+    // request columns (Weft only), and "slow" as over the range's p99 from a CTE
+    #[derive(Clone, Copy, PartialEq)]
+    enum Q8 {
+        Join,
+        Request,
+        P99,
+    }
+    let q8 = |us: &str, t0: &str, t1: &str, q: char, form: Q8| {
         // share of each dimension value among slow decode spans vs all decode spans, by lift
         let dims = [
             ("llm.model_version", false),
@@ -145,7 +153,10 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
             ("llm.batch_size", true),
         ];
         let cast = |c: &str, int: bool| {
-            let col = format!("g.{q}{c}{q}");
+            let col = match form {
+                Q8::Request => format!("d.{q}request.{c}{q}"),
+                _ => format!("g.{q}{c}{q}"),
+            };
             if !int {
                 col
             } else if us == "ch" {
@@ -154,18 +165,44 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
                 format!("CAST({col} AS VARCHAR)")
             }
         };
+        let slow = match form {
+            Q8::P99 => "d.duration_ns > (SELECT p99 FROM p)",
+            _ => "d.duration_ns > 100000000",
+        };
+        let from = match form {
+            Q8::Request => "d",
+            _ => "g JOIN d ON g.trace_id = d.trace_id",
+        };
         let arms: Vec<String> = dims
             .iter()
             .map(|(c, int)| {
                 format!(
-                    "SELECT '{c}' AS dimension, {} AS value, d.duration_ns > 100000000 AS slow FROM g JOIN d ON g.trace_id = d.trace_id",
+                    "SELECT '{c}' AS dimension, {} AS value, {slow} AS slow FROM {from}",
                     cast(c, *int)
                 )
             })
             .collect();
+        let d_cols = match form {
+            Q8::Request => dims
+                .iter()
+                .map(|(c, _)| format!("{q}request.{c}{q}, "))
+                .collect::<String>(),
+            _ => String::new(),
+        };
+        let decode =
+            format!("name = 'llm.decode.token' AND start_time >= {t0} AND start_time < {t1}");
+        let p99 = match us {
+            "ch" => "quantileExactInclusive(0.99)(duration_ns)",
+            "duck" => "quantile_cont(duration_ns, 0.99)",
+            _ => "percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns)",
+        };
+        let p = match form {
+            Q8::P99 => format!("p AS (SELECT {p99} AS p99 FROM spans WHERE {decode}), "),
+            _ => String::new(),
+        };
         format!(
-            "WITH g AS (SELECT trace_id, {q}llm.model_version{q}, {q}llm.lora_adapter{q}, {q}worker.id{q}, {q}llm.kv_cache_strategy{q}, {q}llm.batch_size{q} FROM spans WHERE name = 'llm.generate'), \
-             d AS (SELECT trace_id, duration_ns FROM spans WHERE name = 'llm.decode.token' AND start_time >= {t0} AND start_time < {t1}), \
+            "WITH {p}g AS (SELECT trace_id, {q}llm.model_version{q}, {q}llm.lora_adapter{q}, {q}worker.id{q}, {q}llm.kv_cache_strategy{q}, {q}llm.batch_size{q} FROM spans WHERE name = 'llm.generate'), \
+             d AS (SELECT trace_id, {d_cols}duration_ns FROM spans WHERE {decode}), \
              v AS ({}), \
              c AS (SELECT dimension, value, sum(CASE WHEN slow THEN 1 ELSE 0 END) AS slow_n, count(*) AS all_n FROM v GROUP BY dimension, value), \
              t AS (SELECT dimension, sum(slow_n) AS slow_t, sum(all_n) AS all_t FROM c GROUP BY dimension) \
@@ -174,7 +211,7 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
             arms.join(" UNION ALL ")
         )
     };
-    vec![
+    let queries = vec![
         PeerQuery {
             id: "Q1",
             what: "all spans of one trace by id",
@@ -226,12 +263,151 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
         PeerQuery {
             id: "Q8",
             what: "dimension values among slow (>100 ms) vs all decode spans, by lift",
-            weft: q8("weft", &format!("'{w0}'"), &format!("'{w1}'"), '"'),
-            duckdb: q8("duck", &d0, &d1, '"'),
-            chdb: q8("ch", &c0, &c1, '`'),
+            weft: q8("weft", &format!("'{w0}'"), &format!("'{w1}'"), '"', Q8::Join),
+            duckdb: q8("duck", &d0, &d1, '"', Q8::Join),
+            chdb: q8("ch", &c0, &c1, '`', Q8::Join),
             ordered: false,
         },
-    ]
+    ];
+    let (s0, sm) = (p.t0 / 1_000_000_000, p.mid / 1_000_000_000);
+    // generate, prefill and decode spans of one dimension set, as a join to the generate span
+    let lineage = |count: &str, traces: &str, q: char| {
+        format!(
+            "SELECT {count} AS spans, {traces} AS traces FROM spans s JOIN (SELECT trace_id, span_id FROM spans WHERE name = 'llm.generate' AND {q}llm.model_version{q} = '{version}' AND {q}worker.id{q} = '{worker}' AND {q}llm.lora_adapter{q} = '{adapter}') g ON s.trace_id = g.trace_id WHERE (s.span_id = g.span_id OR s.parent_span_id = g.span_id) AND s.name IN ('llm.generate', 'llm.prefill', 'llm.decode.token')"
+        )
+    };
+    let more = vec![
+        PeerQuery {
+            id: "Q1b",
+            what: "Q1 with a time range and IN",
+            weft: format!("SELECT span_id, name, CAST(start_time AS BIGINT) / 1000 AS start_us, duration_ns FROM spans WHERE trace_id IN ('{trace}') AND start_time >= '{w0}' AND start_time < '{w1}' ORDER BY start_us, span_id"),
+            duckdb: format!("SELECT span_id, name, epoch_us(start_time) AS start_us, duration_ns FROM spans WHERE trace_id IN ('{trace}') AND start_time >= {d0} AND start_time < {d1} ORDER BY start_us, span_id"),
+            chdb: format!("SELECT span_id, name, toUnixTimestamp64Micro(start_time) AS start_us, duration_ns FROM spans WHERE trace_id IN ('{trace}') AND start_time >= {c0} AND start_time < {c1} ORDER BY start_us, span_id"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q1c",
+            what: "Q1 as a join to a CTE holding the id",
+            weft: format!("WITH t AS (SELECT '{trace}' AS id) SELECT s.span_id, s.name, CAST(s.start_time AS BIGINT) / 1000 AS start_us, s.duration_ns FROM spans s JOIN t ON s.trace_id = t.id ORDER BY start_us, span_id"),
+            duckdb: format!("WITH t AS (SELECT '{trace}' AS id) SELECT s.span_id, s.name, epoch_us(s.start_time) AS start_us, s.duration_ns FROM spans s JOIN t ON s.trace_id = t.id ORDER BY start_us, span_id"),
+            chdb: format!("WITH t AS (SELECT '{trace}' AS id) SELECT s.span_id, s.name, toUnixTimestamp64Micro(s.start_time) AS start_us, s.duration_ns FROM spans s JOIN t ON s.trace_id = t.id ORDER BY start_us, span_id"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q2b",
+            what: "Q2 with a kind filter and to_timestamp bounds",
+            weft: format!("SELECT trace_id, CAST(start_time AS BIGINT) / 1000 AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND kind = 'SERVER' AND \"llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= to_timestamp({s0}) AND start_time < to_timestamp({sm}) ORDER BY start_time DESC LIMIT 20"),
+            duckdb: format!("SELECT trace_id, epoch_us(start_time) AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND kind = 'SERVER' AND \"llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= to_timestamp({s0}) AND start_time < to_timestamp({sm}) ORDER BY start_time DESC LIMIT 20"),
+            chdb: format!("SELECT trace_id, toUnixTimestamp64Micro(start_time) AS start_us, duration_ns FROM spans WHERE service_name = 'inference-engine' AND kind = 'SERVER' AND `llm.model_version` = '{version}' AND duration_ns > 2000000000 AND start_time >= {c0} AND start_time < {cm} ORDER BY start_time DESC LIMIT 20"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q2c",
+            what: "Q2 on generate spans by their request column",
+            weft: format!("SELECT trace_id, CAST(start_time AS BIGINT) / 1000 AS start_us, duration_ns FROM spans WHERE name = 'llm.generate' AND \"request.llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= '{w0}' AND start_time < '{wm}' ORDER BY start_time DESC LIMIT 20"),
+            duckdb: format!("SELECT trace_id, epoch_us(start_time) AS start_us, duration_ns FROM spans WHERE name = 'llm.generate' AND \"llm.model_version\" = '{version}' AND duration_ns > 2000000000 AND start_time >= {d0} AND start_time < {dm} ORDER BY start_time DESC LIMIT 20"),
+            chdb: format!("SELECT trace_id, toUnixTimestamp64Micro(start_time) AS start_us, duration_ns FROM spans WHERE name = 'llm.generate' AND `llm.model_version` = '{version}' AND duration_ns > 2000000000 AND start_time >= {c0} AND start_time < {cm} ORDER BY start_time DESC LIMIT 20"),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q3b",
+            what: "Q3 with time buckets by integer division of the epoch",
+            weft: "SELECT CAST(start_time AS BIGINT) / 10000000000 * 10000000 AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(start_time) // 10000000 * 10000000 AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT intDiv(toUnixTimestamp64Micro(start_time), 10000000) * 10000000 AS bucket_us, toInt64(floor(log2(duration_ns / 1000.0))) AS lat, count() AS n FROM spans WHERE name = 'llm.decode.token' GROUP BY bucket_us, lat ORDER BY bucket_us, lat".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q3c",
+            what: "Q3 with to_timestamp arithmetic and a kind filter",
+            weft: "SELECT CAST(to_timestamp(floor(extract(epoch FROM start_time) / 10) * 10) AS BIGINT) / 1000 AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' AND kind = 'INTERNAL' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(to_timestamp(floor(epoch(start_time) / 10) * 10)) AS bucket_us, CAST(floor(log2(duration_ns / 1000.0)) AS BIGINT) AS lat, count(*) AS n FROM spans WHERE name = 'llm.decode.token' AND kind = 'INTERNAL' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT toInt64(floor(toUnixTimestamp64Micro(start_time) / 10000000)) * 10000000 AS bucket_us, toInt64(floor(log2(duration_ns / 1000.0))) AS lat, count() AS n FROM spans WHERE name = 'llm.decode.token' AND kind = 'INTERNAL' GROUP BY bucket_us, lat ORDER BY bucket_us, lat".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q4b",
+            what: "Q4 joined to the parent generate span by span id",
+            weft: "SELECT CAST(date_trunc('minute', p.start_time) AS BIGINT) / 1000 AS minute_us, g.\"llm.model_version\" AS version, percentile_cont(0.5) WITHIN GROUP (ORDER BY p.duration_ns) AS p50, percentile_cont(0.95) WITHIN GROUP (ORDER BY p.duration_ns) AS p95, percentile_cont(0.99) WITHIN GROUP (ORDER BY p.duration_ns) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id AND p.parent_span_id = g.span_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(date_trunc('minute', p.start_time)) AS minute_us, g.\"llm.model_version\" AS version, quantile_cont(p.duration_ns, 0.5) AS p50, quantile_cont(p.duration_ns, 0.95) AS p95, quantile_cont(p.duration_ns, 0.99) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id AND p.parent_span_id = g.span_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT toInt64(toUnixTimestamp(toStartOfMinute(p.start_time))) * 1000000 AS minute_us, g.`llm.model_version` AS version, quantileExactInclusive(0.5)(p.duration_ns) AS p50, quantileExactInclusive(0.95)(p.duration_ns) AS p95, quantileExactInclusive(0.99)(p.duration_ns) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id AND p.parent_span_id = g.span_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY minute_us, version ORDER BY minute_us, version".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q4c",
+            what: "Q4 with the version from the request column (peers: the join)",
+            weft: "SELECT CAST(date_trunc('minute', start_time) AS BIGINT) / 1000 AS minute_us, \"request.llm.model_version\" AS version, percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ns) AS p50, percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ns) AS p95, percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) AS p99 FROM spans WHERE name = 'llm.prefill' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT epoch_us(date_trunc('minute', p.start_time)) AS minute_us, g.\"llm.model_version\" AS version, quantile_cont(p.duration_ns, 0.5) AS p50, quantile_cont(p.duration_ns, 0.95) AS p95, quantile_cont(p.duration_ns, 0.99) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT toInt64(toUnixTimestamp(toStartOfMinute(p.start_time))) * 1000000 AS minute_us, g.`llm.model_version` AS version, quantileExactInclusive(0.5)(p.duration_ns) AS p50, quantileExactInclusive(0.95)(p.duration_ns) AS p95, quantileExactInclusive(0.99)(p.duration_ns) AS p99 FROM spans p JOIN spans g ON p.trace_id = g.trace_id WHERE p.name = 'llm.prefill' AND g.name = 'llm.generate' GROUP BY minute_us, version ORDER BY minute_us, version".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q5b",
+            what: "Q5 over SERVER spans",
+            weft: "SELECT service_name, CAST(date_bin(INTERVAL '1 minute', start_time) AS BIGINT) / 1000 AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) AS p99 FROM spans WHERE kind = 'SERVER' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT service_name, epoch_us(date_trunc('minute', start_time)) AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, quantile_cont(duration_ns, 0.99) AS p99 FROM spans WHERE kind = 'SERVER' GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT service_name, toInt64(toUnixTimestamp(toStartOfMinute(start_time))) * 1000000 AS minute_us, count() AS requests, countIf(status_code = 'ERROR') AS errors, quantileExactInclusive(0.99)(duration_ns) AS p99 FROM spans WHERE kind = 'SERVER' GROUP BY service_name, minute_us ORDER BY service_name, minute_us".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q5c",
+            what: "Q5 with minutes by integer division of the epoch",
+            weft: "SELECT service_name, CAST(start_time AS BIGINT) / 60000000000 * 60000000 AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ns) AS p99 FROM spans GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            duckdb: "SELECT service_name, epoch_us(start_time) // 60000000 * 60000000 AS minute_us, count(*) AS requests, sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, quantile_cont(duration_ns, 0.99) AS p99 FROM spans GROUP BY 1, 2 ORDER BY 1, 2".into(),
+            chdb: "SELECT service_name, intDiv(toUnixTimestamp64Micro(start_time), 60000000) * 60000000 AS minute_us, count() AS requests, countIf(status_code = 'ERROR') AS errors, quantileExactInclusive(0.99)(duration_ns) AS p99 FROM spans GROUP BY service_name, minute_us ORDER BY service_name, minute_us".into(),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q6b",
+            what: "generate, prefill and decode spans of the dimension set, by request columns (peers: a join)",
+            weft: format!("SELECT count(*) AS spans, count(DISTINCT trace_id) AS traces FROM spans WHERE \"request.llm.model_version\" = '{version}' AND \"request.worker.id\" = '{worker}' AND \"request.llm.lora_adapter\" = '{adapter}' AND name IN ('llm.generate', 'llm.prefill', 'llm.decode.token')"),
+            duckdb: lineage("count(*)", "count(DISTINCT s.trace_id)", '"'),
+            chdb: lineage("count()", "uniqExact(s.trace_id)", '`'),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q6c",
+            what: "Q6b as a join to the generate span, on every engine",
+            weft: lineage("count(*)", "count(DISTINCT s.trace_id)", '"'),
+            duckdb: lineage("count(*)", "count(DISTINCT s.trace_id)", '"'),
+            chdb: lineage("count()", "uniqExact(s.trace_id)", '`'),
+            ordered: true,
+        },
+        PeerQuery {
+            id: "Q8b",
+            what: "Q8 with the dimensions from the request columns (peers: the join)",
+            weft: q8("weft", &format!("'{w0}'"), &format!("'{w1}'"), '"', Q8::Request),
+            duckdb: q8("duck", &d0, &d1, '"', Q8::Join),
+            chdb: q8("ch", &c0, &c1, '`', Q8::Join),
+            ordered: false,
+        },
+        PeerQuery {
+            id: "Q8c",
+            what: "Q8 with slow as over the range's p99, from a CTE",
+            weft: q8("weft", &format!("'{w0}'"), &format!("'{w1}'"), '"', Q8::P99),
+            duckdb: q8("duck", &d0, &d1, '"', Q8::P99),
+            chdb: q8("ch", &c0, &c1, '`', Q8::P99),
+            ordered: false,
+        },
+    ];
+    let mut all = Vec::new();
+    for q in queries {
+        let id = q.id;
+        all.push(q);
+        all.extend(
+            more.iter()
+                .filter(|m| m.id.starts_with(id) && m.id.len() == 3)
+                .map(|m| PeerQuery {
+                    id: m.id,
+                    what: m.what,
+                    weft: m.weft.clone(),
+                    duckdb: m.duckdb.clone(),
+                    chdb: m.chdb.clone(),
+                    ordered: m.ordered,
+                }),
+        );
+    }
+    all
 }
 
 /// Answers as JSON values: strings, integers, floats; NULL as null.

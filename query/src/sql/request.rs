@@ -16,7 +16,7 @@ use datafusion::error::{DataFusionError, Result};
 use roaring::RoaringBitmap;
 use weft_storage::Store;
 use weft_storage::block::BlockMeta;
-use weft_storage::block::reader::Rows;
+use weft_storage::block::reader::{Positions, Rows};
 use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::{OPEN_DIM, request_dims, resolve};
@@ -177,11 +177,15 @@ pub fn fix_block(
     let whole = store
         .resolve_traces(tenant, snapshot, &unique)
         .map_err(storage_err)?;
+    let positions = match rows {
+        Rows::Set(set) => Some(Positions::of(set)),
+        _ => None,
+    };
     let position = |row: u32| -> usize {
-        match rows {
-            Rows::All => row as usize,
-            Rows::Range(start, _) => (row - start) as usize,
-            Rows::Set(set) => set.rank(row) as usize - 1,
+        match (rows, &positions) {
+            (Rows::Range(start, _), _) => (row - start) as usize,
+            (_, Some(p)) => p.of_row(row),
+            _ => row as usize,
         }
     };
     for (slot, array) in columns.iter_mut() {

@@ -110,6 +110,37 @@ pub trait ChunkSource {
     }
 }
 
+/// Where each row of a row set is in it: a table over the set's span when the set is dense
+/// there, else its rows in order, searched (a bitmap's own `rank` walks its containers per row).
+pub enum Positions {
+    Dense { first: u32, at: Vec<u32> },
+    Sparse(Vec<u32>),
+}
+
+impl Positions {
+    pub fn of(set: &RoaringBitmap) -> Self {
+        let (first, last) = (set.min().unwrap_or(0), set.max().unwrap_or(0));
+        let span = u64::from(last - first) + 1;
+        if set.len() * 8 >= span {
+            let mut at = vec![0u32; span as usize];
+            for (i, row) in set.iter().enumerate() {
+                at[(row - first) as usize] = i as u32;
+            }
+            Self::Dense { first, at }
+        } else {
+            Self::Sparse(set.iter().collect())
+        }
+    }
+
+    /// The position of a row of the set.
+    pub fn of_row(&self, row: u32) -> usize {
+        match self {
+            Self::Dense { first, at } => at[(row - first) as usize] as usize,
+            Self::Sparse(rows) => rows.partition_point(|&r| r < row),
+        }
+    }
+}
+
 /// One dimension's postings of a block: each term with its rows.
 pub type Postings = Vec<(String, RoaringBitmap)>;
 
@@ -690,6 +721,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let n = rows.len(self.meta.rows);
         let postings = self.source.postings(dim)?.unwrap_or_default();
         let mut keys: Vec<Option<u32>> = vec![None; n];
+        let mut positions = None;
         for (t, (_, held)) in postings.iter().enumerate() {
             match rows {
                 Rows::All => held.iter().for_each(|r| keys[r as usize] = Some(t as u32)),
@@ -700,9 +732,12 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                         .iter()
                         .for_each(|r| keys[(r - start) as usize] = Some(t as u32));
                 }
-                Rows::Set(set) => (held & set)
-                    .iter()
-                    .for_each(|r| keys[set.rank(r) as usize - 1] = Some(t as u32)),
+                Rows::Set(set) => {
+                    let position = positions.get_or_insert_with(|| Positions::of(set));
+                    (held & set)
+                        .iter()
+                        .for_each(|r| keys[position.of_row(r)] = Some(t as u32));
+                }
             }
         }
         let terms = StringArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
