@@ -217,6 +217,12 @@ impl SqlEngine {
                 .options_mut()
                 .execution
                 .use_row_number_estimates_to_optimize_partitioning = true;
+            // a join's build side of up to a few thousand trace ids reaches the probe side's
+            // scan as a list, which the scan looks up in the trace-id index (see `scan.rs`)
+            session
+                .options_mut()
+                .optimizer
+                .hash_join_inlist_pushdown_max_distinct_values = scan::MAX_TRACE_IDS;
             let mut builder = SessionStateBuilder::new()
                 .with_config(session)
                 .with_default_features();

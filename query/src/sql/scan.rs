@@ -10,9 +10,10 @@
 //!   range before it is read (once the TopK holds n rows newer than a block's newest span,
 //!   that block is skipped), never reported as applied, so the parent still enforces it.
 
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, TimestampNanosecondArray,
@@ -42,8 +43,15 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
+use roaring::RoaringBitmap;
+use weft_storage::block::reader::Rows;
+use weft_storage::keys::BlockAddr;
 
 use super::pushdown::{BlockWork, ScanPlan};
+
+mod traces;
+
+pub use traces::MAX_TRACE_IDS;
 
 /// What a table reads: one block's selected rows, or the head's rows, as projected columns.
 pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
@@ -77,6 +85,27 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
         _table: &dyn TableProvider,
     ) -> Result<Option<(Arc<dyn ScanSource>, ScanPlan)>> {
         Ok(None)
+    }
+    /// Each block's rows of the given traces (ids as hex text), from the trace-id index;
+    /// `None` when this source cannot tell.
+    fn trace_rows(&self, _ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
+        Ok(None)
+    }
+}
+
+/// Rows of some traces, per block.
+pub type TraceRows = HashMap<BlockAddr, RoaringBitmap>;
+
+/// `rows` narrowed to `keep`.
+fn narrow(rows: &Rows, keep: &RoaringBitmap) -> RoaringBitmap {
+    match rows {
+        Rows::All => keep.clone(),
+        Rows::Range(start, len) => {
+            let mut range = RoaringBitmap::new();
+            range.insert_range(*start..start + len);
+            range & keep
+        }
+        Rows::Set(set) => set & keep,
     }
 }
 
@@ -299,6 +328,21 @@ impl WeftScanExec {
             }
         }
         groups
+    }
+
+    /// Each block's rows of the traces the parents' dynamic filters name, once they name a
+    /// few (a join's build side is then complete); kept for the rest of the stream.
+    fn trace_rows(&self, known: &Mutex<Option<Arc<TraceRows>>>) -> Result<Option<Arc<TraceRows>>> {
+        if self.parent_filters.is_empty() || !self.source.pushdown() {
+            return Ok(None);
+        }
+        let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.is_none()
+            && let Some(ids) = traces::filtered_trace_ids(&self.parent_filters)
+        {
+            *known = self.source.trace_rows(&ids)?.map(Arc::new);
+        }
+        Ok(known.clone())
     }
 
     /// Whether a block may hold rows passing the dynamic filters, judged on its time range
@@ -584,9 +628,12 @@ impl ExecutionPlan for WeftScanExec {
         };
         let this = Arc::new(self.clone());
         let schema = self.schema.clone();
+        // a join's filter naming a few trace ids: each block's rows of those traces, once known
+        let by_trace: Arc<Mutex<Option<Arc<TraceRows>>>> = Arc::default();
         let stream = futures::stream::iter(groups)
             .then(move |group| {
                 let this = this.clone();
+                let by_trace = by_trace.clone();
                 let pruning = pruning.clone();
                 let emitted = emitted.clone();
                 let (skipped, read, rows_read) = (skipped.clone(), read.clone(), rows_read.clone());
@@ -608,15 +655,40 @@ impl ExecutionPlan for WeftScanExec {
                             skipped.add(1);
                             continue;
                         }
+                        // only the rows of the traces a join's filter names
+                        let mut narrowed = None;
+                        if let Work::Block(i) = work
+                            && let Some(by_trace) = this.trace_rows(&by_trace)?
+                        {
+                            let b = &this.plan.blocks[i];
+                            let rows = by_trace
+                                .get(&b.addr)
+                                .map(|keep| narrow(&b.rows, keep))
+                                .unwrap_or_default();
+                            if rows.is_empty() {
+                                skipped.add(1);
+                                continue;
+                            }
+                            narrowed = Some(BlockWork {
+                                rows: Rows::Set(rows),
+                                ..b.clone()
+                            });
+                        }
                         // nothing selected (as in an empty head): nothing to read
-                        let selected = this.rows_in(work);
+                        let selected = match &narrowed {
+                            Some(b) => b.rows.len(b.meta.rows),
+                            None => this.rows_in(work),
+                        };
                         if selected == 0 {
                             continue;
                         }
                         let t = this.clone();
-                        let decode = move || match work {
-                            Work::Head => t.source.read_head(&t.projection),
-                            Work::Block(i) => t
+                        let decode = move || match (work, &narrowed) {
+                            (Work::Head, _) => t.source.read_head(&t.projection),
+                            (Work::Block(_), Some(b)) => {
+                                t.source.read_block(b, &t.projection).map(|c| vec![c])
+                            }
+                            (Work::Block(i), None) => t
                                 .source
                                 .read_block(&t.plan.blocks[i], &t.projection)
                                 .map(|c| vec![c]),

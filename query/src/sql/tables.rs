@@ -29,7 +29,7 @@ use super::columns::{
 };
 use super::pushdown::{BlockWork, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
-use super::scan::{ScanSource, WeftScanExec};
+use super::scan::{ScanSource, TraceRows, WeftScanExec};
 
 /// What every table of one query reads: the store, the tenant and one snapshot.
 #[derive(Clone)]
@@ -250,6 +250,26 @@ impl ScanSource for SpansSource {
     }
     fn share_key(&self) -> String {
         format!("pushdown={} {:?}", self.ctx.pushdown, self.pushdown)
+    }
+    fn trace_rows(&self, ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
+        let ctx = &self.ctx;
+        let mut out = TraceRows::new();
+        for id in ids {
+            // text that is not a stored id's form names no trace
+            let Ok(trace) = TraceId::from_hex(id) else {
+                continue;
+            };
+            for (addr, entry) in ctx
+                .store
+                .trace_locations_in(&ctx.tenant, &ctx.snapshot, &trace)
+                .map_err(storage_err)?
+            {
+                out.entry(addr)
+                    .or_default()
+                    .insert_range(entry.row_start..entry.row_start + entry.rows);
+            }
+        }
+        Ok(Some(out))
     }
     fn rescan(&self, table: &dyn TableProvider) -> Result<Option<(Arc<dyn ScanSource>, ScanPlan)>> {
         let Some(table) = table.downcast_ref::<SpansTable>() else {
