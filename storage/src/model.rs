@@ -288,6 +288,18 @@ impl SpanKind {
             _ => Self::Unspecified,
         }
     }
+
+    /// The kind's name as SQL shows it (and postings index it); OTLP lets receivers treat
+    /// UNSPECIFIED as INTERNAL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Server => "SERVER",
+            Self::Client => "CLIENT",
+            Self::Producer => "PRODUCER",
+            Self::Consumer => "CONSUMER",
+            Self::Internal | Self::Unspecified => "INTERNAL",
+        }
+    }
 }
 
 /// OTLP status codes, with their wire numbers.

@@ -1193,6 +1193,11 @@ impl Store {
             .dims()
             .iter()
             .zip(&postings)
+            // a block written before a dimension every row has was indexed: no constraint
+            // (the filter is checked again on the rows read)
+            .filter(|((dim, _), postings)| {
+                !(postings.is_empty() && crate::schema::UNIVERSAL_DIMS.contains(&dim.as_str()))
+            })
             .map(|((_, terms), postings)| terms::rows_with_any(postings, terms))
             .collect();
         let found = Arc::new(terms::intersect(sets, rows));

@@ -24,7 +24,7 @@ use weft_storage::keys::BlockAddr;
 use weft_storage::model::{KeyValue, SpanKind, SpanRecord, StatusCode, TraceId, Value};
 use weft_storage::request::{request_dim_name, request_dims};
 use weft_storage::schema::{
-    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
+    ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for,
 };
 use weft_storage::store::Snapshot;
 
@@ -69,6 +69,7 @@ impl SpanCol {
             SpanCol::ServiceName => Some(DIM_SERVICE),
             SpanCol::Name => Some(DIM_NAME),
             SpanCol::StatusCode => Some(DIM_STATUS),
+            SpanCol::Kind => Some(DIM_KIND),
             SpanCol::Dedicated(i) if DEDICATED[*i].indexed => Some(DEDICATED[*i].name),
             SpanCol::Request(i) => Some(request_dim_name(*i)),
             _ => None,
@@ -332,14 +333,7 @@ fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
 }
 
 fn kind_str(kind: SpanKind) -> &'static str {
-    match kind {
-        SpanKind::Server => "SERVER",
-        SpanKind::Client => "CLIENT",
-        SpanKind::Producer => "PRODUCER",
-        SpanKind::Consumer => "CONSUMER",
-        // OTLP: receivers may treat UNSPECIFIED as INTERNAL.
-        SpanKind::Internal | SpanKind::Unspecified => "INTERNAL",
-    }
+    kind.as_str()
 }
 
 /// Lower-case hex of every byte value, two characters each.

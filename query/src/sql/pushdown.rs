@@ -17,7 +17,7 @@ use weft_storage::block::reader::Rows;
 use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::REQUEST_PREFIX;
-use weft_storage::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
+use weft_storage::schema::{ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 use weft_storage::store::Snapshot;
 use weft_storage::terms::TermFilter;
 
@@ -358,6 +358,7 @@ impl Pushdown {
                 DIM_SERVICE => Some(r.service_name().to_owned()),
                 DIM_NAME => Some(r.name.clone()),
                 DIM_STATUS => Some(r.status_code.as_str().to_owned()),
+                DIM_KIND => Some(r.kind.as_str().to_owned()),
                 d if d.starts_with(REQUEST_PREFIX) => {
                     let i = DEDICATED
                         .iter()

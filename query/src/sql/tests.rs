@@ -290,6 +290,8 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT \"llm.model_version\", count(*) FROM spans WHERE \"llm.model_version\" = 'v2' GROUP BY 1".into(),
         "SELECT count(*), count(DISTINCT trace_id) FROM spans WHERE \"llm.model_version\" = 'v1' AND \"worker.id\" = 'worker-2' AND \"llm.lora_adapter\" IN ('sql-lora')".into(),
         "SELECT service_name, status_code, count(*) FROM spans WHERE status_code = 'ERROR' GROUP BY 1, 2".into(),
+        "SELECT service_name, count(*) FROM spans WHERE kind = 'SERVER' GROUP BY 1".into(),
+        "SELECT name, count(*) FROM spans WHERE kind IN ('INTERNAL', 'CLIENT') AND service_name = 'inference-engine' GROUP BY 1".into(),
         // dedicated values sent with the wrong type, or under an alias, in blocks and head
         "SELECT \"gen_ai.provider.name\", count(*), count(DISTINCT trace_id) FROM spans WHERE \"gen_ai.provider.name\" IN ('vllm', 'sglang') GROUP BY 1".into(),
         "SELECT count(*) FROM spans WHERE \"gen_ai.provider.name\" = 'vllm' AND \"llm.batch_size\" IN (8, 24)".into(),

@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::model::{KeyValue, SpanRecord, StatusCode, Value};
 use crate::request::{self, OPEN_DIM, OPEN_TERM};
 use crate::schema::{
-    ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
+    ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
 };
 use crate::summary::TraceRoot;
 
@@ -346,6 +346,7 @@ pub fn build_block_with(
         postings.add(DIM_SERVICE, span.service_name(), row);
         postings.add(DIM_NAME, &span.name, row);
         postings.add(DIM_STATUS, span.status_code.as_str(), row);
+        postings.add(DIM_KIND, span.kind.as_str(), row);
     }
 
     let traces = trace_entries(&rows);

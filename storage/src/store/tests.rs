@@ -274,6 +274,11 @@ fn postings_agree_with_a_naive_scan() {
     for (term, bitmap) in store.dimension(&t, *addr, DIM_STATUS).unwrap() {
         assert_eq!(bitmap, naive(&|s| s.status_code.as_str() == term));
     }
+    let kinds = store.dimension(&t, *addr, crate::schema::DIM_KIND).unwrap();
+    assert!(kinds.len() >= 2, "span kinds indexed");
+    for (term, bitmap) in kinds {
+        assert_eq!(bitmap, naive(&|s| s.kind.as_str() == term));
+    }
     let mut checked = 0;
     for d in DEDICATED.iter().filter(|d| d.indexed) {
         let has = |s: &SpanRecord, term: &str| {
