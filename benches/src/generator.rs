@@ -28,6 +28,23 @@ pub struct GenConfig {
     pub anomalies: bool,
     pub min_tokens: u32,
     pub max_tokens: u32,
+    pub profile: Profile,
+}
+
+/// How the data looks on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// Whole requests per message, one resource per service, token latencies equal to
+    /// durations: the shape Weft's own benchmarks were tuned on.
+    #[default]
+    Bench,
+    /// As the OpenTelemetry SDK sends it: each process (one per service replica, one per
+    /// inference worker) exports its spans as they end, in messages of `batch_spans` (512 by
+    /// the SDK's default), so a trace is split across messages and children arrive before
+    /// their parents; W3C flags (sampled, parent locality), a trace state now and then, a
+    /// remote parent on a quarter of the roots; several resource and scope attributes;
+    /// token latencies measured from the previous token (not the span duration).
+    Sdk,
 }
 
 impl Default for GenConfig {
@@ -41,6 +58,7 @@ impl Default for GenConfig {
             anomalies: true,
             min_tokens: 16,
             max_tokens: 400,
+            profile: Profile::Bench,
         }
     }
 }
@@ -81,6 +99,8 @@ pub struct Request {
     pub trace_id: [u8; 16],
     pub start_ns: u64,
     pub spans: Vec<(usize, Span)>,
+    /// The inference worker that served it.
+    pub worker: usize,
 }
 
 pub struct Generator {
@@ -378,7 +398,12 @@ impl Generator {
         spans.push((0, chat));
         spans.push((4, generate));
         spans.push((4, prefill));
+        let sdk = self.cfg.profile == Profile::Sdk;
+        let mut previous = t + queue_ns + prefill_ns;
         for (n, (a, b)) in token_times.into_iter().enumerate() {
+            // the SDK profile's engine measures from the previous token's emission
+            let latency = if sdk { b - previous } else { b - a };
+            previous = b;
             let tok = self.span(
                 trace_id,
                 gen_id,
@@ -388,7 +413,7 @@ impl Generator {
                 b,
                 vec![
                     i("llm.token.index", n as i64),
-                    f("llm.token.latency_ms", (b - a) as f64 / 1e6),
+                    f("llm.token.latency_ms", latency as f64 / 1e6),
                 ],
             );
             spans.push((4, tok));
@@ -433,12 +458,35 @@ impl Generator {
             });
         }
         spans.insert(0, (0, root));
+        if sdk {
+            self.sdk_flags(&mut spans);
+        }
         self.emitted += spans.len();
         Some(Request {
             trace_id,
             start_ns: t0,
             spans,
+            worker: worker_n,
         })
+    }
+
+    /// W3C flags as an SDK sets them: sampled, and whether the parent is remote known
+    /// (0x100) and set (0x200) where a root continues a caller's trace; a trace state now and
+    /// then.
+    fn sdk_flags(&mut self, spans: &mut [(usize, Span)]) {
+        let remote_root = self.rng.random_bool(0.25);
+        let state = self.rng.random_bool(0.1);
+        let caller: [u8; 8] = self.id();
+        for (_, span) in spans.iter_mut() {
+            span.flags = 0x101;
+            if state {
+                span.trace_state = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into();
+            }
+            if span.parent_span_id.is_empty() && remote_root {
+                span.parent_span_id = caller.to_vec();
+                span.flags = 0x301;
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -495,6 +543,160 @@ fn resource(service: &str) -> Resource {
             s("host.name", format!("{service}-host")),
         ],
         ..Default::default()
+    }
+}
+
+/// The resource of one process of the SDK profile: a service replica or inference worker.
+fn sdk_resource(service: &str, instance: usize) -> Resource {
+    let pod = format!("{service}-{instance}-7d9f8");
+    Resource {
+        attributes: vec![
+            s("service.name", service),
+            s("service.version", "1.4.2"),
+            s("service.instance.id", format!("{pod}-{instance:04x}")),
+            s("service.namespace", "llm-serving"),
+            s("deployment.environment.name", "prod"),
+            s("host.name", format!("node-{}", instance % 3)),
+            s("k8s.namespace.name", "llm-serving"),
+            s("k8s.pod.name", pod),
+            s("k8s.node.name", format!("node-{}", instance % 3)),
+            s("cloud.provider", "aws"),
+            s("cloud.region", "us-east-1"),
+            i("process.pid", 4000 + instance as i64),
+            s("process.runtime.name", "cpython"),
+            s("process.runtime.version", "3.12.7"),
+            s("telemetry.sdk.name", "opentelemetry"),
+            s("telemetry.sdk.language", "python"),
+            s("telemetry.sdk.version", "1.38.0"),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The instrumentation scope of a service in the SDK profile.
+fn sdk_scope(service: usize) -> InstrumentationScope {
+    let (name, version) = match SERVICES[service] {
+        "llm-gateway" => ("opentelemetry.instrumentation.fastapi", "0.59b0"),
+        "inference-engine" => ("vllm.tracing", "0.11.0"),
+        "vector-db" => ("qdrant.tracing", "1.15.1"),
+        _ => ("opentelemetry.instrumentation.httpx", "0.59b0"),
+    };
+    InstrumentationScope {
+        name: name.into(),
+        version: version.into(),
+        attributes: vec![s("library.kind", "auto")],
+        ..Default::default()
+    }
+}
+
+/// The SDK profile's exporters: one per process, each sending its spans as they end, in
+/// messages of `batch_spans`. Spans wait in end order until no later request can end before
+/// them.
+pub struct SdkBatcher {
+    batch_spans: usize,
+    /// Spans by end time, with the process that emits each.
+    ended: std::collections::BinaryHeap<std::cmp::Reverse<Ended>>,
+    queues: std::collections::BTreeMap<(usize, usize), Vec<Span>>,
+    seq: u64,
+    ready: std::collections::VecDeque<ExportTraceServiceRequest>,
+}
+
+/// A span waiting for its end to come, ordered by end time, then arrival.
+pub struct Ended {
+    end: u64,
+    seq: u64,
+    process: (usize, usize),
+    span: Span,
+}
+
+impl PartialEq for Ended {
+    fn eq(&self, other: &Self) -> bool {
+        (self.end, self.seq) == (other.end, other.seq)
+    }
+}
+impl Eq for Ended {}
+impl PartialOrd for Ended {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ended {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.end, self.seq).cmp(&(other.end, other.seq))
+    }
+}
+
+impl SdkBatcher {
+    pub fn new(batch_spans: usize) -> Self {
+        Self {
+            batch_spans: batch_spans.max(1),
+            ended: Default::default(),
+            queues: Default::default(),
+            seq: 0,
+            ready: Default::default(),
+        }
+    }
+
+    /// Adds a request; messages become ready as spans that ended before it fill them.
+    pub fn push(&mut self, req: Request) {
+        // nothing generated later ends before this request starts
+        self.release(req.start_ns);
+        let replica = usize::from(req.trace_id[0] % 2);
+        for (svc, span) in req.spans {
+            let instance = if SERVICES[svc] == "inference-engine" {
+                req.worker
+            } else {
+                replica
+            };
+            self.seq += 1;
+            self.ended.push(std::cmp::Reverse(Ended {
+                end: span.end_time_unix_nano,
+                seq: self.seq,
+                process: (svc, instance),
+                span,
+            }));
+        }
+    }
+
+    fn release(&mut self, until: u64) {
+        while self.ended.peek().is_some_and(|e| e.0.end <= until) {
+            let e = self.ended.pop().expect("peeked").0;
+            let queue = self.queues.entry(e.process).or_default();
+            queue.push(e.span);
+            if queue.len() >= self.batch_spans {
+                let spans = std::mem::take(queue);
+                self.ready.push_back(sdk_message(e.process, spans));
+            }
+        }
+    }
+
+    pub fn next_ready(&mut self) -> Option<ExportTraceServiceRequest> {
+        self.ready.pop_front()
+    }
+
+    /// Everything still held, as the exporters' last messages at shutdown.
+    pub fn finish(&mut self) -> Option<ExportTraceServiceRequest> {
+        self.release(u64::MAX);
+        if let Some(m) = self.ready.pop_front() {
+            return Some(m);
+        }
+        let (&process, _) = self.queues.iter().find(|(_, q)| !q.is_empty())?;
+        let spans = std::mem::take(self.queues.get_mut(&process).expect("found"));
+        Some(sdk_message(process, spans))
+    }
+}
+
+fn sdk_message((svc, instance): (usize, usize), spans: Vec<Span>) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(sdk_resource(SERVICES[svc], instance)),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(sdk_scope(svc)),
+                spans,
+                schema_url: "https://opentelemetry.io/schemas/1.37.0".into(),
+            }],
+            schema_url: "https://opentelemetry.io/schemas/1.37.0".into(),
+        }],
     }
 }
 
@@ -558,10 +760,23 @@ pub fn batches(
     cfg: GenConfig,
     batch_spans: usize,
 ) -> impl Iterator<Item = ExportTraceServiceRequest> {
+    let sdk = cfg.profile == Profile::Sdk;
     let mut generator = Generator::new(cfg);
     let mut batcher = Batcher::new(batch_spans);
+    let mut exporters = SdkBatcher::new(batch_spans);
     let mut done = false;
     std::iter::from_fn(move || {
+        if sdk {
+            loop {
+                if let Some(m) = exporters.next_ready() {
+                    return Some(m);
+                }
+                match generator.next_request() {
+                    Some(req) => exporters.push(req),
+                    None => return exporters.finish(),
+                }
+            }
+        }
         while !done {
             match generator.next_request() {
                 Some(req) => {
@@ -607,5 +822,60 @@ mod tests {
             tokens * 10 > total * 8,
             "token spans dominate: {tokens} of {total}"
         );
+    }
+
+    #[test]
+    fn the_sdk_profile_splits_traces_and_sends_children_first() {
+        let cfg = GenConfig {
+            spans: 20_000,
+            profile: Profile::Sdk,
+            ..Default::default()
+        };
+        let messages: Vec<_> = batches(cfg.clone(), 512).collect();
+        assert_eq!(messages, batches(cfg, 512).collect::<Vec<_>>());
+        let mut seen = std::collections::HashMap::new(); // span id -> message
+        let mut total = 0;
+        for (m, msg) in messages.iter().enumerate() {
+            assert_eq!(msg.resource_spans.len(), 1, "one process per message");
+            let spans = &msg.resource_spans[0].scope_spans[0].spans;
+            assert!(spans.len() <= 512);
+            total += spans.len();
+            for s in spans {
+                seen.insert(s.span_id.clone(), m);
+                assert_eq!(s.flags & 0x1ff, 0x101, "sampled, locality known");
+            }
+        }
+        assert!((20_000..20_420).contains(&total), "{total}");
+        let all: Vec<_> = messages
+            .iter()
+            .flat_map(|m| &m.resource_spans[0].scope_spans[0].spans)
+            .collect();
+        // children sent before their parents, in an earlier message
+        let early = all
+            .iter()
+            .filter(|s| {
+                seen.get(&s.parent_span_id)
+                    .is_some_and(|p| *p > seen[&s.span_id])
+            })
+            .count();
+        assert!(early > 100, "{early} spans sent before their parents");
+        // roots continued from a caller that Weft never sees
+        let remote = all.iter().filter(|s| s.flags == 0x301).count();
+        assert!(remote > 0);
+        // token latencies measured from the previous token, not the span
+        let differ = all
+            .iter()
+            .filter(|s| s.name == "llm.decode.token")
+            .filter(|s| {
+                s.attributes.iter().any(|a| {
+                    a.key == "llm.token.latency_ms"
+                        && a.value.as_ref().and_then(|v| v.value.as_ref())
+                            != Some(&any_value::Value::DoubleValue(
+                                (s.end_time_unix_nano - s.start_time_unix_nano) as f64 / 1e6,
+                            ))
+                })
+            })
+            .count();
+        assert!(differ > 1000, "{differ}");
     }
 }

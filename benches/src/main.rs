@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use weft_bench::client::Client;
 use weft_bench::files::{read_otlp, write_otlp, write_parquet};
-use weft_bench::generator::{GenConfig, Generator, batches};
+use weft_bench::generator::{GenConfig, Generator, Profile, batches};
 
 mod logs_bench;
 
@@ -43,9 +43,14 @@ struct DataArgs {
     /// Leave out the injected anomalies.
     #[arg(long)]
     no_anomalies: bool,
-    /// Spans per OTLP message.
-    #[arg(long, default_value_t = 2000)]
-    batch_spans: usize,
+    /// Spans per OTLP message (default: 2000; 512 with the SDK profile, the OpenTelemetry
+    /// SDK's batch size).
+    #[arg(long)]
+    batch_spans: Option<usize>,
+    /// The data's shape on the wire: `bench` (whole requests per message) or `sdk` (as the
+    /// OpenTelemetry SDK sends it: spans as they end, per process; see the generator).
+    #[arg(long, value_enum, default_value_t = Profile::Bench)]
+    profile: Profile,
 }
 
 impl DataArgs {
@@ -56,11 +61,18 @@ impl DataArgs {
             rate: self.rate,
             error_rate: self.error_rate,
             anomalies: !self.no_anomalies,
+            profile: self.profile,
             ..Default::default()
         }
     }
+    fn batch_spans(&self) -> usize {
+        self.batch_spans.unwrap_or(match self.profile {
+            Profile::Bench => 2000,
+            Profile::Sdk => 512,
+        })
+    }
     fn encoded(&self) -> Vec<Bytes> {
-        batches(self.config(), self.batch_spans)
+        batches(self.config(), self.batch_spans())
             .map(|m| Bytes::from(m.encode_to_vec()))
             .collect()
     }
@@ -318,11 +330,11 @@ fn generate(data: &DataArgs, out: Option<PathBuf>, parquet: Option<PathBuf>) -> 
         bail!("nothing to write: give --out FILE and/or --parquet FILE");
     }
     if let Some(out) = out {
-        let n = write_otlp(&out, batches(data.config(), data.batch_spans))?;
+        let n = write_otlp(&out, batches(data.config(), data.batch_spans()))?;
         println!("wrote {n} OTLP messages to {}", out.display());
     }
     if let Some(p) = parquet {
-        let rows = write_parquet(&p, batches(data.config(), data.batch_spans))?;
+        let rows = write_parquet(&p, batches(data.config(), data.batch_spans()))?;
         println!("wrote {rows} spans to {}", p.display());
     }
     Ok(())
@@ -374,7 +386,7 @@ fn outbox(messages: Vec<Bytes>) -> Outbox {
 /// data size (at 20M spans the encoded set alone is several GB, which the peer run cannot spare).
 fn streamed(data: &DataArgs) -> Outbox {
     Box::new(
-        batches(data.config(), data.batch_spans)
+        batches(data.config(), data.batch_spans())
             .map(|m| (Bytes::from(m.encode_to_vec()), spans_in(&m))),
     )
 }
@@ -632,7 +644,7 @@ async fn ingest(data: DataArgs, opts: IngestOpts) -> anyhow::Result<()> {
     let dir = data_dir.unwrap_or_else(|| temp.path().join("data"));
     println!("generating {} spans (seed {})...", data.spans, data.seed);
     let messages = data.encoded();
-    let token_spans = batches(data.config(), data.batch_spans)
+    let token_spans = batches(data.config(), data.batch_spans())
         .flat_map(|m| m.resource_spans)
         .flat_map(|r| r.scope_spans)
         .flat_map(|s| s.spans)
@@ -748,7 +760,7 @@ async fn peers(
     let dir = temp.path().join("weft");
     let parquet = temp.path().join("spans.parquet");
     println!("generating {} spans (seed {})...", data.spans, data.seed);
-    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans))?;
+    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
     let (mut server, _) = start_server(&bin, &dir, &[]).await?;
     let report = send(
         &server.otlp,
