@@ -12,8 +12,9 @@
 //! resolves such rows again over the whole trace ([`crate::Store::resolve_traces`]). Blocks
 //! written before request postings existed have no `request?` postings at all.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
+
+use rustc_hash::FxHashMap;
 
 use crate::model::{SpanId, SpanRecord, Value};
 use crate::schema::{ColumnType, DEDICATED, dedicated_for};
@@ -74,61 +75,85 @@ pub struct Resolved<'a> {
 /// A parent cycle (hostile input) ends the walk where it closes.
 pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
     let dims = request_dims();
-    let by_id: HashMap<SpanId, usize> = spans
+    let d = dims.len();
+    let by_id: FxHashMap<SpanId, u32> = spans
         .iter()
         .enumerate()
-        .map(|(i, s)| (s.span_id, i))
+        .map(|(i, s)| (s.span_id, i as u32))
         .collect();
-    let mut memo: Vec<Option<Resolved<'a>>> = vec![None; spans.len()];
-    let mut on_path = vec![false; spans.len()];
-    let mut path = Vec::new();
+    // each span's own values, one pass over its attributes
+    let mut values: Vec<Option<&'a Value>> = vec![None; spans.len() * d];
+    for (i, span) in spans.iter().enumerate() {
+        for kv in &span.attributes {
+            if let Some((col, _)) = dedicated_for(&kv.key)
+                && let Some(slot) = slot_of(col)
+                && values[i * d + slot].is_none()
+                && ColumnType::of(&kv.value) == Some(DEDICATED[col].ty)
+            {
+                values[i * d + slot] = Some(&kv.value);
+            }
+        }
+    }
+    const TODO: u8 = 0;
+    const ON_PATH: u8 = 1;
+    const DONE: u8 = 2;
+    let mut state = vec![TODO; spans.len()];
+    let mut open = vec![false; spans.len()];
+    let mut path: Vec<usize> = Vec::new();
     for start in 0..spans.len() {
         // walk up to a resolved span, a root, a missing parent or a cycle
         let mut at = start;
-        let mut above = loop {
-            if let Some(r) = &memo[at] {
-                break r.clone();
+        let above: Option<usize> = loop {
+            if state[at] == DONE {
+                break Some(at);
             }
             path.push(at);
-            on_path[at] = true;
-            match spans[at].parent_span_id {
-                None => {
-                    break Resolved {
-                        values: vec![None; dims.len()],
-                        open: false,
-                    };
+            state[at] = ON_PATH;
+            let parent = spans[at].parent_span_id;
+            match parent.map(|p| by_id.get(&p)) {
+                Some(Some(&next)) if state[next as usize] != ON_PATH => at = next as usize,
+                Some(None) => {
+                    open[at] = true;
+                    break None;
                 }
-                Some(p) => match by_id.get(&p) {
-                    Some(&next) if !on_path[next] => at = next,
-                    Some(_) => {
-                        break Resolved {
-                            values: vec![None; dims.len()],
-                            open: false,
-                        };
-                    }
-                    None => {
-                        break Resolved {
-                            values: vec![None; dims.len()],
-                            open: true,
-                        };
-                    }
-                },
+                // a root, or a cycle closing
+                _ => break None,
             }
         };
-        // then down again, each span taking its own values over its ancestors'
+        // then down again, each span taking its ancestors' values where it has none
+        let mut above = above;
         while let Some(i) = path.pop() {
-            on_path[i] = false;
-            for (slot, &d) in above.values.iter_mut().zip(dims) {
-                if let Some(v) = dedicated_value(spans[i], d) {
-                    *slot = Some(v);
+            if let Some(a) = above {
+                open[i] = open[a];
+                for slot in 0..d {
+                    if values[i * d + slot].is_none() {
+                        values[i * d + slot] = values[a * d + slot];
+                    }
                 }
             }
-            memo[i] = Some(above.clone());
+            state[i] = DONE;
+            above = Some(i);
         }
     }
-    memo.into_iter()
-        .map(|r| r.expect("every span resolved"))
+    values
+        .chunks(d.max(1))
+        .zip(open)
+        .map(|(v, open)| Resolved {
+            values: v.to_vec(),
+            open,
+        })
+        .take(spans.len())
         .collect()
+}
+
+/// The slot among [`request_dims`] of dedicated column `col`, if it is one.
+fn slot_of(col: usize) -> Option<usize> {
+    static SLOTS: OnceLock<Vec<Option<usize>>> = OnceLock::new();
+    SLOTS.get_or_init(|| {
+        (0..DEDICATED.len())
+            .map(|c| request_dims().iter().position(|&d| d == c))
+            .collect()
+    })[col]
 }
 
 #[cfg(test)]

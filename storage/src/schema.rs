@@ -2,7 +2,7 @@
 //! maps both generations of GenAI names onto them, and the keys whose values are kept in the
 //! long-value column.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::OnceLock;
 
 use crate::model::Value;
@@ -124,7 +124,7 @@ pub const DEDICATED: &[Dedicated] = &[
 pub fn dedicated_for(key: &str) -> Option<(usize, bool)> {
     static INDEX: OnceLock<HashMap<&'static str, (usize, bool)>> = OnceLock::new();
     let index = INDEX.get_or_init(|| {
-        let mut m = HashMap::new();
+        let mut m = HashMap::default();
         for (i, d) in DEDICATED.iter().enumerate() {
             m.insert(d.name, (i, false));
             if let Some(alias) = d.alias {

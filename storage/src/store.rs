@@ -686,7 +686,13 @@ impl Store {
         tenant: &TenantId,
         spans: &[SpanRecord],
     ) -> Result<rustc_hash::FxHashSet<(TraceId, SpanId)>> {
-        let traces: rustc_hash::FxHashSet<TraceId> = spans.iter().map(|s| s.trace_id).collect();
+        // each trace's span start times: a stored copy of a span lies within its block's
+        // entry of the trace, so an entry no start falls in is not read (spans of a trace
+        // arriving over several requests, as SDKs send them, are new, not retries)
+        let mut traces: rustc_hash::FxHashMap<TraceId, Vec<u64>> = Default::default();
+        for s in spans {
+            traces.entry(s.trace_id).or_default().push(s.start.0);
+        }
         let mut out = rustc_hash::FxHashSet::default();
         let blocks = {
             let state = self.lock();
@@ -695,11 +701,17 @@ impl Store {
                 _ => return Ok(out),
             }
         };
-        for trace in traces {
+        for (trace, starts) in traces {
             for (addr, entry) in self.trace_locations(tenant, &trace)? {
                 let Some(meta) = blocks.get(&addr) else {
                     continue;
                 };
+                if !starts
+                    .iter()
+                    .any(|s| (entry.min_start..=entry.max_end).contains(s))
+                {
+                    continue;
+                }
                 let reader = self.block_reader(tenant, addr, meta);
                 let ids = reader.span_ids(&Rows::Range(entry.row_start, entry.rows))?;
                 out.extend(ids.into_iter().map(|id| (trace, id)));

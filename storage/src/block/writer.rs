@@ -2,7 +2,9 @@
 //! generic-map and long-value columns, encodes each column chunk, and derives the trace
 //! summaries and bitmap postings of the block.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -158,7 +160,7 @@ impl AttrColumn {
 /// Picks the dynamic columns of a block: the most frequent plain attribute keys, typed by
 /// their most frequent value type.
 fn choose_dynamic(rows: &[&SpanRecord]) -> Vec<(String, ColumnType)> {
-    let mut counts: HashMap<(&str, ColumnType), usize> = HashMap::new();
+    let mut counts: HashMap<(&str, ColumnType), usize> = HashMap::default();
     for kv in rows.iter().flat_map(|r| &r.attributes) {
         if dedicated_for(&kv.key).is_some() || is_long(&kv.key, &kv.value) {
             continue;
@@ -180,6 +182,47 @@ fn choose_dynamic(rows: &[&SpanRecord]) -> Vec<(String, ColumnType)> {
     keys.into_iter()
         .map(|(k, (_, ty))| (k.to_owned(), ty))
         .collect()
+}
+
+/// A column of values shared by many rows (resources, scopes: one per exporting process),
+/// built as a dictionary: each distinct value (told apart by its `Arc`, then by its encoding)
+/// encoded and kept once, a key per row. Copying a resource's encoding into every row cost
+/// more than the rest of a block's build on SDK-shaped data (17 resource attributes).
+#[derive(Default)]
+struct SharedBlobs {
+    by_ptr: HashMap<*const (), i32>,
+    by_value: HashMap<Vec<u8>, i32>,
+    values: Vec<Vec<u8>>,
+    keys: Vec<i32>,
+}
+
+impl SharedBlobs {
+    fn push(&mut self, ptr: *const (), encode: impl FnOnce(&mut Writer)) {
+        let key = match self.by_ptr.get(&ptr) {
+            Some(&k) => k,
+            None => {
+                let mut w = Writer::default();
+                encode(&mut w);
+                let next = self.values.len() as i32;
+                let k = *self.by_value.entry(w.buf.clone()).or_insert(next);
+                if k == next {
+                    self.values.push(w.buf);
+                }
+                self.by_ptr.insert(ptr, k);
+                k
+            }
+        };
+        self.keys.push(key);
+    }
+
+    fn finish(self) -> Result<ArrayRef> {
+        let values = arrow::array::BinaryArray::from_iter_values(self.values.iter());
+        let keys = arrow::array::Int32Array::from(self.keys);
+        Ok(Arc::new(arrow::array::DictionaryArray::try_new(
+            keys,
+            Arc::new(values),
+        )?))
+    }
 }
 
 /// The postings being built: dimension -> term -> rows.
@@ -248,8 +291,8 @@ pub fn build_block_with(
     let mut names = StringBuilder::new();
     let mut services = StringBuilder::new();
     let mut status_message = StringBuilder::new();
-    let mut resources = BinaryBuilder::new();
-    let mut scopes = BinaryBuilder::new();
+    let mut resources = SharedBlobs::default();
+    let mut scopes = SharedBlobs::default();
     let mut events = BinaryBuilder::new();
     let mut links = BinaryBuilder::new();
     let mut other = BinaryBuilder::new();
@@ -259,7 +302,6 @@ pub fn build_block_with(
         .map(|_| Int64Builder::with_capacity(n))
         .collect();
     let mut postings = Postings::default();
-    let mut enc_cache: HashMap<*const (), Vec<u8>> = HashMap::new();
 
     let (mut min_start, mut max_start, mut max_end) = (u64::MAX, 0, 0);
     for (row, span) in rows.iter().enumerate() {
@@ -277,22 +319,10 @@ pub fn build_block_with(
         names.append_value(&span.name);
         services.append_value(span.service_name());
         status_message.append_value(&span.status_message);
-        let resource = enc_cache
-            .entry(Arc::as_ptr(&span.resource).cast())
-            .or_insert_with(|| {
-                let mut w = Writer::default();
-                w.resource(&span.resource);
-                w.buf
-            });
-        resources.append_value(&*resource);
-        let scope = enc_cache
-            .entry(Arc::as_ptr(&span.scope).cast())
-            .or_insert_with(|| {
-                let mut w = Writer::default();
-                w.scope(&span.scope);
-                w.buf
-            });
-        scopes.append_value(&*scope);
+        resources.push(Arc::as_ptr(&span.resource).cast(), |w| {
+            w.resource(&span.resource)
+        });
+        scopes.push(Arc::as_ptr(&span.scope).cast(), |w| w.scope(&span.scope));
         append_blob(&mut events, span.events.is_empty(), |w| {
             w.events(&span.events)
         });
@@ -380,8 +410,8 @@ pub fn build_block_with(
             Arc::new(status_message.finish()),
             Enc::Dict,
         ),
-        (col::RESOURCE, Arc::new(resources.finish()), Enc::Dict),
-        (col::SCOPE, Arc::new(scopes.finish()), Enc::Dict),
+        (col::RESOURCE, resources.finish()?, Enc::Dict),
+        (col::SCOPE, scopes.finish()?, Enc::Dict),
         (col::EVENTS, Arc::new(events.finish()), Enc::Plain),
         (col::LINKS, Arc::new(links.finish()), Enc::Plain),
         (col::ATTRIBUTES_OTHER, Arc::new(other.finish()), Enc::Plain),
