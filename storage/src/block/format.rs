@@ -92,6 +92,11 @@ pub enum Transform {
     /// Start times: the gap after the previous row's end, except on the first row of a trace
     /// or of a page, which holds the absolute time.
     GapAfterPreviousEnd = 2,
+    /// A float that is a whole number of nanoseconds in milliseconds (`n / 1e6`, bit for bit)
+    /// wherever set, stored as the integer `n - duration_ns`: a latency measured from the
+    /// previous token is the span's duration plus the gap before it, a few bits instead of the
+    /// float's eight bytes.
+    MillisAfterDuration = 3,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -156,6 +161,7 @@ impl BlockMeta {
                 0 => Transform::None,
                 1 => Transform::DurationMillis,
                 2 => Transform::GapAfterPreviousEnd,
+                3 => Transform::MillisAfterDuration,
                 t => {
                     return Err(StorageError::corrupt(
                         "block meta",

@@ -589,7 +589,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let Some(array) = self.column(name, rows)? else {
             return Ok(None);
         };
-        let derived = self.derived(meta.transform, rows, None)?;
+        let derived = self.derived(meta.transform, rows, None, &array)?;
         let c = AttrColumn {
             key: String::new(),
             dedicated: None,
@@ -606,20 +606,36 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         transform: Transform,
         rows: &Rows,
         durations: Option<&[i64]>,
+        array: &ArrayRef,
     ) -> Result<Option<Vec<f64>>> {
-        Ok(match transform {
-            Transform::None | Transform::GapAfterPreviousEnd => None,
-            Transform::DurationMillis => {
-                let owned;
-                let durations = match durations {
-                    Some(d) => d,
-                    None => {
-                        owned = self.ints(col::DURATION, rows)?;
-                        &owned
-                    }
-                };
-                Some(durations.iter().map(|d| millis(*d)).collect())
+        let owned;
+        let durations = match (transform, durations) {
+            (Transform::None | Transform::GapAfterPreviousEnd, _) => return Ok(None),
+            (_, Some(d)) => d,
+            (_, None) => {
+                owned = self.ints(col::DURATION, rows)?;
+                &owned
             }
+        };
+        Ok(match transform {
+            Transform::DurationMillis => Some(durations.iter().map(|d| millis(*d)).collect()),
+            Transform::MillisAfterDuration => {
+                let after = array
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>()
+                    .ok_or_else(|| {
+                        StorageError::corrupt("column chunk", "millis after duration: not int64")
+                    })?;
+                Some(
+                    after
+                        .values()
+                        .iter()
+                        .zip(durations)
+                        .map(|(n, d)| millis(n.wrapping_add(*d)))
+                        .collect(),
+                )
+            }
+            Transform::None | Transform::GapAfterPreviousEnd => None,
         })
     }
 
@@ -648,17 +664,19 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let Some(array) = self.column(name, rows)? else {
             return Ok(None);
         };
-        Ok(Some(match self.derived(meta.transform, rows, None)? {
-            Some(values) => {
-                let floats: Float64Array = values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| array.is_valid(i).then_some(*v))
-                    .collect();
-                (ty, Arc::new(floats) as ArrayRef)
-            }
-            None => (ty, array),
-        }))
+        Ok(Some(
+            match self.derived(meta.transform, rows, None, &array)? {
+                Some(values) => {
+                    let floats: Float64Array = values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| array.is_valid(i).then_some(*v))
+                        .collect();
+                    (ty, Arc::new(floats) as ArrayRef)
+                }
+                None => (ty, array),
+            },
+        ))
     }
 
     /// Whether `rows` are few enough (an eighth of the block at most) to be read from postings.
@@ -903,6 +921,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             let Some(array) = self.column(&c.name, rows)? else {
                 continue;
             };
+            let derived = self.derived(c.transform, rows, Some(durations), &array)?;
             out.push(AttrColumn {
                 key: key.to_owned(),
                 dedicated,
@@ -910,7 +929,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     StorageError::corrupt("block meta", format!("{} has no type", c.name))
                 })?,
                 array,
-                derived: self.derived(c.transform, rows, Some(durations))?,
+                derived,
             });
         }
         Ok(out)

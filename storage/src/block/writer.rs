@@ -427,6 +427,9 @@ pub fn build_block_with(
         }
         let (array, enc, transform) = match derive_from_duration(&array, &durations) {
             Some(presence) => (presence, Enc::Dict, Transform::DurationMillis),
+            None if let Some(after) = millis_after_duration(&array, &durations) => {
+                (after, Enc::Delta, Transform::MillisAfterDuration)
+            }
             None if kind == ColumnKind::Core && name == col::START => {
                 (array, enc, Transform::GapAfterPreviousEnd)
             }
@@ -495,6 +498,31 @@ fn derive_from_duration(array: &ArrayRef, durations: &[i64]) -> Option<ArrayRef>
         .all(|(v, d)| v.is_none_or(|v| v.to_bits() == millis(*d).to_bits()));
     derived
         .then(|| Arc::new(floats.iter().map(|v| v.map(|_| 0i8)).collect::<Int8Array>()) as ArrayRef)
+}
+
+/// When a float column holds whole nanoseconds in milliseconds wherever it is set, returns
+/// them less each row's duration (see [`Transform::MillisAfterDuration`]).
+fn millis_after_duration(array: &ArrayRef, durations: &[i64]) -> Option<ArrayRef> {
+    let floats = array.as_any().downcast_ref::<Float64Array>()?;
+    let mut out = arrow::array::Int64Builder::with_capacity(floats.len());
+    for (v, d) in floats.iter().zip(durations) {
+        match v {
+            None => out.append_null(),
+            Some(v) => {
+                let scaled = v * 1e6;
+                // whole, in range, and back to the same float bit for bit
+                if !(scaled.abs() < 9e15) {
+                    return None;
+                }
+                let n = scaled.round() as i64;
+                if millis(n).to_bits() != v.to_bits() {
+                    return None;
+                }
+                out.append_value(n - d);
+            }
+        }
+    }
+    Some(Arc::new(out.finish()))
 }
 
 /// A duration in nanoseconds as milliseconds, the one formula writer and reader share.

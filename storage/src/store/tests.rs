@@ -389,6 +389,54 @@ fn a_latency_that_repeats_the_duration_is_derived_not_stored_and_reads_back_equa
 }
 
 #[test]
+fn a_latency_in_whole_nanoseconds_is_stored_after_the_duration_and_reads_back_equal() {
+    use crate::block::format::Transform;
+    let mut spans = random_traces(9, 5);
+    // measured from the previous token: the duration plus a gap, whole nanoseconds in ms
+    for (i, s) in spans
+        .iter_mut()
+        .filter(|s| s.name == "llm.decode.token")
+        .enumerate()
+    {
+        let ns = s.duration_ns() as i64 + 20_000 + (i as i64 * 7919) % 100_000;
+        for kv in s
+            .attributes
+            .iter_mut()
+            .filter(|kv| kv.key == "llm.token.latency_ms")
+        {
+            kv.value = Value::Double(crate::block::writer::millis(ns));
+        }
+    }
+    let written = |spans: &[SpanRecord]| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), small_opts()).unwrap();
+        let t = tenant("a");
+        store.append(&t, spans.to_vec()).unwrap();
+        store.flush(true).unwrap();
+        let (_, meta) = &store.blocks(&t)[0];
+        let transform = meta.column("d:llm.token.latency_ms").unwrap().transform;
+        for (id, want) in by_trace(spans) {
+            assert_same(&store.trace(&t, &id).unwrap(), &want);
+        }
+        transform
+    };
+    assert_eq!(written(&spans), Transform::MillisAfterDuration);
+    // one value that is not whole nanoseconds keeps the floats as they are
+    let odd = spans
+        .iter_mut()
+        .find(|s| s.name == "llm.decode.token")
+        .unwrap();
+    for kv in odd
+        .attributes
+        .iter_mut()
+        .filter(|kv| kv.key == "llm.token.latency_ms")
+    {
+        kv.value = Value::Double(1.234_567_891_234_5);
+    }
+    assert_eq!(written(&spans), Transform::None);
+}
+
+#[test]
 fn gap_encoded_start_times_read_back_across_page_boundaries() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(
