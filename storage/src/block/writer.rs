@@ -511,7 +511,7 @@ fn millis_after_duration(array: &ArrayRef, durations: &[i64]) -> Option<ArrayRef
             Some(v) => {
                 let scaled = v * 1e6;
                 // whole, in range, and back to the same float bit for bit
-                if !(scaled.abs() < 9e15) {
+                if !scaled.is_finite() || scaled.abs() >= 9e15 {
                     return None;
                 }
                 let n = scaled.round() as i64;
