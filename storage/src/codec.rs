@@ -4,8 +4,16 @@
 //! Layout: unsigned integers are LEB128 varints, signed ones zigzag varints, strings and byte
 //! strings a varint length then the bytes, fixed ids their raw bytes, f64 eight little-endian
 //! bytes. A value is a tag byte (0 empty, 1 str, 2 bool, 3 int, 4 double, 5 bytes, 6 array,
-//! 7 kvlist) then its payload. A span row is written field by field in [`put_span`]'s order,
-//! preceded by [`SPAN_ROW_VERSION`].
+//! 7 kvlist) then its payload. A span row is written field by field in [`Writer::span`]'s
+//! order, preceded by [`SPAN_ROW_VERSION`].
+//!
+//! A write-ahead batch of spans ([`encode_spans`]) is, since batch version 2, `0` (no count
+//! of version 1 is zero) then [`SPAN_BATCH_VERSION`], the batch's distinct resources and
+//! scopes (a count, then each), the span count, and each span's row (row version 2: the
+//! fields of version 1 up to the status message) followed by the indexes of its resource and
+//! scope. An exporter's resource (17 attributes from a Kubernetes pod, say) is written once
+//! per batch instead of once per span. Version 1 batches (a count, then rows of version 1,
+//! each with its resource and scope) are still read.
 
 use std::sync::Arc;
 
@@ -15,7 +23,9 @@ use crate::model::*;
 mod log;
 pub use log::{LOG_ROW_VERSION, decode_logs, encode_logs};
 
-pub const SPAN_ROW_VERSION: u8 = 1;
+pub const SPAN_ROW_VERSION: u8 = 2;
+/// The write-ahead span batch layout written now (see the module doc).
+pub const SPAN_BATCH_VERSION: u8 = 2;
 
 #[derive(Default)]
 pub struct Writer {
@@ -116,7 +126,7 @@ impl Writer {
             self.u64(l.flags.into());
         }
     }
-    /// A whole span, for the write-ahead path.
+    /// A span's own fields (no resource or scope), for the write-ahead path.
     pub fn span(&mut self, s: &SpanRecord) {
         self.buf.push(SPAN_ROW_VERSION);
         self.raw(&s.trace_id.0);
@@ -136,8 +146,6 @@ impl Writer {
         self.u64(s.dropped_links_count.into());
         self.buf.push(s.status_code as u8);
         self.str(&s.status_message);
-        self.resource(&s.resource);
-        self.scope(&s.scope);
     }
 }
 
@@ -273,19 +281,24 @@ impl<'a> Reader<'a> {
         }
         Ok(out)
     }
-    pub fn span(&mut self) -> Result<SpanRecord> {
-        let version = self.u8()?;
-        if version != SPAN_ROW_VERSION {
+    /// A span row of `version` (1: with its resource and scope; 2: without, given here).
+    fn span_row(
+        &mut self,
+        version: u8,
+        shared: Option<(Arc<Resource>, Arc<Scope>)>,
+    ) -> Result<SpanRecord> {
+        let found = self.u8()?;
+        if found != version {
             return Err(StorageError::UnsupportedVersion {
                 what: "span row",
-                found: version,
-                supported: SPAN_ROW_VERSION,
+                found,
+                supported: version,
             });
         }
         let trace_id = TraceId(self.array()?);
         let span_id = SpanId(self.array()?);
         let parent = SpanId(self.array()?);
-        Ok(SpanRecord {
+        let mut span = SpanRecord {
             trace_id,
             span_id,
             parent_span_id: (!parent.is_zero()).then_some(parent),
@@ -303,26 +316,88 @@ impl<'a> Reader<'a> {
             dropped_links_count: self.u32()?,
             status_code: StatusCode::from_u8(self.u8()?),
             status_message: self.string()?,
-            resource: Arc::new(self.resource()?),
-            scope: Arc::new(self.scope()?),
-        })
+            ..Default::default()
+        };
+        (span.resource, span.scope) = match shared {
+            Some(shared) => shared,
+            None => (Arc::new(self.resource()?), Arc::new(self.scope()?)),
+        };
+        Ok(span)
     }
 }
 
-/// Encodes a batch of spans as one write-ahead value: a count, then the rows.
+/// Encodes a batch of spans as one write-ahead value (batch version 2, see the module doc).
 pub fn encode_spans(spans: &[SpanRecord]) -> Vec<u8> {
+    let mut resources: Vec<&Arc<Resource>> = Vec::new();
+    let mut scopes: Vec<&Arc<Scope>> = Vec::new();
+    let mut resource_at: rustc_hash::FxHashMap<*const Resource, u64> = Default::default();
+    let mut scope_at: rustc_hash::FxHashMap<*const Scope, u64> = Default::default();
+    let indexes: Vec<(u64, u64)> = spans
+        .iter()
+        .map(|s| {
+            let r = *resource_at
+                .entry(Arc::as_ptr(&s.resource))
+                .or_insert_with(|| {
+                    resources.push(&s.resource);
+                    resources.len() as u64 - 1
+                });
+            let c = *scope_at.entry(Arc::as_ptr(&s.scope)).or_insert_with(|| {
+                scopes.push(&s.scope);
+                scopes.len() as u64 - 1
+            });
+            (r, c)
+        })
+        .collect();
     let mut w = Writer::default();
+    w.u64(0);
+    w.buf.push(SPAN_BATCH_VERSION);
+    w.u64(resources.len() as u64);
+    resources.iter().for_each(|r| w.resource(r));
+    w.u64(scopes.len() as u64);
+    scopes.iter().for_each(|c| w.scope(c));
     w.u64(spans.len() as u64);
-    spans.iter().for_each(|s| w.span(s));
+    for (s, (r, c)) in spans.iter().zip(indexes) {
+        w.span(s);
+        w.u64(r);
+        w.u64(c);
+    }
     w.buf
 }
 
 pub fn decode_spans(buf: &[u8]) -> Result<Vec<SpanRecord>> {
     let mut r = Reader::new(buf);
     let n = r.u64()? as usize;
+    if n > 0 || r.is_empty() {
+        // batch version 1: a count, then rows of version 1
+        let mut out = Vec::with_capacity(n.min(1 << 20));
+        for _ in 0..n {
+            out.push(r.span_row(1, None)?);
+        }
+        return Ok(out);
+    }
+    let version = r.u8()?;
+    if version != SPAN_BATCH_VERSION {
+        return Err(StorageError::UnsupportedVersion {
+            what: "span batch",
+            found: version,
+            supported: SPAN_BATCH_VERSION,
+        });
+    }
+    let resources = (0..r.u64()?)
+        .map(|_| r.resource().map(Arc::new))
+        .collect::<Result<Vec<_>>>()?;
+    let scopes = (0..r.u64()?)
+        .map(|_| r.scope().map(Arc::new))
+        .collect::<Result<Vec<_>>>()?;
+    let n = r.u64()? as usize;
     let mut out = Vec::with_capacity(n.min(1 << 20));
     for _ in 0..n {
-        out.push(r.span()?);
+        // the shared values are picked after the row: parse it with placeholders first
+        let mut span = r.span_row(SPAN_ROW_VERSION, Some(Default::default()))?;
+        let bad = || StorageError::corrupt("span batch", "resource or scope index out of range");
+        span.resource = resources.get(r.u64()? as usize).ok_or_else(bad)?.clone();
+        span.scope = scopes.get(r.u64()? as usize).ok_or_else(bad)?.clone();
+        out.push(span);
     }
     Ok(out)
 }
@@ -386,6 +461,36 @@ mod tests {
     }
 
     #[test]
+    fn batches_of_version_1_are_still_read() {
+        // a count, then rows of version 1 with their resource and scope, as written before
+        let span = sample_span();
+        let mut w = Writer::default();
+        w.u64(2);
+        for _ in 0..2 {
+            let mut row = Writer::default();
+            row.span(&span);
+            row.buf[0] = 1;
+            w.buf.extend(row.buf);
+            w.resource(&span.resource);
+            w.scope(&span.scope);
+        }
+        assert_eq!(decode_spans(&w.buf).unwrap(), vec![span.clone(), span]);
+    }
+
+    #[test]
+    fn a_batch_writes_each_resource_once() {
+        let spans = vec![sample_span(); 50];
+        let one = encode_spans(&spans[..1]).len();
+        let resource = {
+            let mut w = Writer::default();
+            w.resource(&spans[0].resource);
+            w.buf.len()
+        };
+        assert!(encode_spans(&spans).len() < one + 49 * (one - resource));
+        assert_eq!(decode_spans(&encode_spans(&spans)).unwrap(), spans);
+    }
+
+    #[test]
     fn span_round_trips() {
         let spans = vec![sample_span(), SpanRecord::default()];
         let decoded = decode_spans(&encode_spans(&spans)).unwrap();
@@ -395,7 +500,8 @@ mod tests {
     #[test]
     fn truncated_input_is_an_error_not_a_panic() {
         let enc = encode_spans(&[sample_span()]);
-        for cut in 0..enc.len() {
+        // (one byte, `0`, is an empty batch of version 1)
+        for cut in (0..enc.len()).filter(|&c| c != 1) {
             assert!(decode_spans(&enc[..cut]).is_err(), "cut at {cut}");
         }
     }
