@@ -59,6 +59,17 @@ impl Weft {
     }
 
     fn spawn(&mut self) {
+        // a port found free can be taken by another test's server before this one binds it:
+        // the server then exits at once, and starts again on other ports
+        for _ in 0..5 {
+            if self.spawn_once() {
+                return;
+            }
+        }
+        panic!("weft did not become ready");
+    }
+
+    fn spawn_once(&mut self) -> bool {
         let (g, o, h, p) = (free_port(), free_port(), free_port(), free_port());
         self.pg = p;
         self.grpc = format!("http://127.0.0.1:{g}");
@@ -84,10 +95,11 @@ impl Weft {
             .spawn()
             .expect("start weft");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&self) {
+    /// Whether the server became ready; `false` when it exited first.
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
         let addr = self.http.trim_start_matches("http://").to_owned();
         while Instant::now() < deadline {
@@ -97,8 +109,14 @@ impl Weft {
                 let mut buf = String::new();
                 let _ = s.read_to_string(&mut buf);
                 if buf.starts_with("HTTP/1.1 200") {
-                    return;
+                    return true;
                 }
+            }
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().ok().flatten().is_some()
+            {
+                self.child = None;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
