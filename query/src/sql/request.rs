@@ -8,7 +8,7 @@
 //! ancestry leaves it. Blocks written before request postings existed are resolved whole.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::DataType;
@@ -18,7 +18,7 @@ use weft_storage::Store;
 use weft_storage::block::BlockMeta;
 use weft_storage::block::reader::{Positions, Rows};
 use weft_storage::keys::BlockAddr;
-use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
+use weft_storage::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::{OPEN_DIM, request_dims, resolve};
 use weft_storage::store::Snapshot;
 use weft_storage::store::TraceRequests;
@@ -45,7 +45,13 @@ pub struct HeadRequests {
     values: TraceRequests,
     /// The traces with rows in the head.
     traces: HashSet<TraceId>,
+    /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
+    /// blocks all ask for it).
+    whole: Mutex<HashMap<TraceId, Arc<SpanRequests>>>,
 }
+
+/// One trace's spans' request values.
+type SpanRequests = HashMap<SpanId, Vec<Option<Value>>>;
 
 impl HeadRequests {
     /// The request values of a head row.
@@ -79,7 +85,45 @@ impl HeadRequests {
         Ok(Self {
             values,
             traces: by_trace.into_keys().collect(),
+            whole: Default::default(),
         })
+    }
+
+    /// The given traces resolved over all their rows, each resolved once per query.
+    fn whole(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        traces: &[TraceId],
+    ) -> Result<HashMap<TraceId, Arc<SpanRequests>>> {
+        let missing: Vec<TraceId> = {
+            let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
+            traces
+                .iter()
+                .filter(|t| !known.contains_key(t))
+                .copied()
+                .collect()
+        };
+        if !missing.is_empty() {
+            let mut by_trace: HashMap<TraceId, SpanRequests> = HashMap::new();
+            for ((trace, span), values) in store
+                .resolve_traces(tenant, snapshot, &missing)
+                .map_err(storage_err)?
+            {
+                by_trace.entry(trace).or_default().insert(span, values);
+            }
+            let mut known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
+            for t in missing {
+                let spans = by_trace.remove(&t).unwrap_or_default();
+                known.entry(t).or_insert_with(|| Arc::new(spans));
+            }
+        }
+        let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(traces
+            .iter()
+            .filter_map(|t| known.get(t).map(|s| (*t, s.clone())))
+            .collect())
     }
 }
 
@@ -174,9 +218,7 @@ pub fn fix_block(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let whole = store
-        .resolve_traces(tenant, snapshot, &unique)
-        .map_err(storage_err)?;
+    let whole = head.whole(store, tenant, snapshot, &unique)?;
     let positions = match rows {
         Rows::Set(set) => Some(Positions::of(set)),
         _ => None,
@@ -189,13 +231,61 @@ pub fn fix_block(
         }
     };
     for (slot, array) in columns.iter_mut() {
-        let mut values = array_values(array);
-        for ((row, span), trace) in late.iter().zip(&spans).zip(&traces) {
-            values[position(row)] = whole.get(&(*trace, *span)).and_then(|v| v[*slot].clone());
-        }
-        **array = values_column(array.data_type(), values.into_iter());
+        let mut patch: Vec<(usize, Option<&Value>)> = late
+            .iter()
+            .zip(&spans)
+            .zip(&traces)
+            .map(|((row, span), trace)| {
+                let value = whole
+                    .get(trace)
+                    .and_then(|spans| spans.get(span))
+                    .and_then(|v| v[*slot].as_ref());
+                (position(row), value)
+            })
+            .collect();
+        patch.sort_unstable_by_key(|p| p.0);
+        **array = patched(array, &patch);
     }
     Ok(())
+}
+
+/// A request column with the values at some positions (ascending) replaced; the others are
+/// copied as they are (text as views of the same bytes), not rebuilt from values.
+fn patched(a: &ArrayRef, patch: &[(usize, Option<&Value>)]) -> ArrayRef {
+    let mut next = patch.iter().peekable();
+    match a.data_type() {
+        DataType::Int64 => {
+            let ints = a.as_primitive::<arrow::datatypes::Int64Type>();
+            let mut b = arrow::array::Int64Builder::with_capacity(a.len());
+            for i in 0..a.len() {
+                match next.next_if(|p| p.0 == i) {
+                    Some((_, Some(Value::Int(n)))) => b.append_value(*n),
+                    Some(_) => b.append_null(),
+                    None => b.append_option(ints.is_valid(i).then(|| ints.value(i))),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        DataType::Utf8View => {
+            let texts = a.as_string_view();
+            let mut b = arrow::array::StringViewBuilder::with_capacity(a.len());
+            for i in 0..a.len() {
+                match next.next_if(|p| p.0 == i) {
+                    Some((_, v)) => b.append_option(v.and_then(|v| v.text())),
+                    None => b.append_option(texts.is_valid(i).then(|| texts.value(i))),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        // not a request column's type: rebuilt from values
+        other => {
+            let mut values = array_values(a);
+            for (at, v) in patch {
+                values[*at] = v.cloned();
+            }
+            values_column(other, values.into_iter())
+        }
+    }
 }
 
 /// A request column's values (text or integer) as the model's values.

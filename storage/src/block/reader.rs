@@ -370,6 +370,13 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             .collect())
     }
 
+    /// Each row's parent span id (`None` for a root).
+    pub fn parent_ids(&self, rows: &Rows) -> Result<Vec<Option<SpanId>>> {
+        let a = self.required(col::PARENT_SPAN_ID, rows)?;
+        let a = downcast::<FixedSizeBinaryArray>(&a, col::PARENT_SPAN_ID)?;
+        Ok(a.iter().map(|v| v.and_then(SpanId::from_slice)).collect())
+    }
+
     /// An int64 core column (start time, duration, …).
     pub fn ints(&self, name: &str, rows: &Rows) -> Result<Vec<i64>> {
         let gaps = self

@@ -22,6 +22,48 @@ use crate::keys::{self, Signal};
 use crate::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use crate::request;
 
+/// What resolution needs of some rows of a block, as spans: ids, parents and the request
+/// dimensions' own values, these from the block's postings of each dimension (which hold
+/// exactly the value its column keeps), so no attribute chunk is decoded.
+fn lineage_rows(
+    reader: &crate::block::BlockReader<'_, super::ChunkFetcher<'_>>,
+    rows: &Rows,
+) -> Result<Vec<SpanRecord>> {
+    use arrow::array::{Array, AsArray};
+    let ids = reader.span_ids(rows)?;
+    let parents = reader.parent_ids(rows)?;
+    let mut out: Vec<SpanRecord> = ids
+        .into_iter()
+        .zip(parents)
+        .map(|(span_id, parent_span_id)| SpanRecord {
+            span_id,
+            parent_span_id,
+            ..Default::default()
+        })
+        .collect();
+    for &d in request::request_dims() {
+        let dim = &crate::schema::DEDICATED[d];
+        let terms = reader.postings_terms(dim.name, rows)?;
+        let terms = terms.as_string::<i32>();
+        for (span, i) in out.iter_mut().zip(0..terms.len()) {
+            if terms.is_null(i) {
+                continue;
+            }
+            let term = terms.value(i);
+            let value = match dim.ty {
+                crate::schema::ColumnType::Int => match term.parse() {
+                    Ok(n) => Value::Int(n),
+                    Err(_) => continue,
+                },
+                _ => Value::Str(term.to_owned()),
+            };
+            span.attributes
+                .push(crate::model::KeyValue::new(dim.name, value));
+        }
+    }
+    Ok(out)
+}
+
 /// The traces of the blocks one flush or merge writes, and those found split.
 #[derive(Default)]
 pub(super) struct SplitNotes {
@@ -108,15 +150,34 @@ impl Store {
                 rows.entry(span.trace_id).or_default().push(span.clone());
             }
         }
+        // each block's rows of the wanted traces, read together
+        let mut by_block: HashMap<crate::keys::BlockAddr, Vec<(TraceId, u32, u32)>> =
+            HashMap::new();
         for trace in &wanted {
             for (addr, entry) in self.trace_locations_in(tenant, snapshot, trace)? {
-                let Some(meta) = snapshot.blocks.get(&addr) else {
-                    continue;
-                };
-                let reader = self.block_reader(tenant, addr, meta);
-                rows.entry(*trace)
+                by_block
+                    .entry(addr)
                     .or_default()
-                    .extend(reader.spans(&Rows::Range(entry.row_start, entry.rows), false)?);
+                    .push((*trace, entry.row_start, entry.rows));
+            }
+        }
+        for (addr, mut runs) in by_block {
+            let Some(meta) = snapshot.blocks.get(&addr) else {
+                continue;
+            };
+            runs.sort_unstable_by_key(|r| r.1);
+            let mut set = roaring::RoaringBitmap::new();
+            for (_, start, n) in &runs {
+                set.insert_range(*start..start + n);
+            }
+            let reader = self.block_reader(tenant, addr, meta);
+            let mut read = lineage_rows(&reader, &Rows::Set(set))?.into_iter();
+            for (trace, _, n) in runs {
+                let spans = rows.entry(trace).or_default();
+                for mut span in read.by_ref().take(n as usize) {
+                    span.trace_id = trace;
+                    spans.push(span);
+                }
             }
         }
         let mut out = TraceRequests::new();
