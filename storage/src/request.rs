@@ -74,13 +74,7 @@ pub struct Resolved<'a> {
 /// Resolves the request values of spans of one trace (in any order) over those spans alone.
 /// A parent cycle (hostile input) ends the walk where it closes.
 pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
-    let dims = request_dims();
-    let d = dims.len();
-    let by_id: FxHashMap<SpanId, u32> = spans
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.span_id, i as u32))
-        .collect();
+    let d = request_dims().len();
     // each span's own values, one pass over its attributes
     let mut values: Vec<Option<&'a Value>> = vec![None; spans.len() * d];
     for (i, span) in spans.iter().enumerate() {
@@ -94,13 +88,41 @@ pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
             }
         }
     }
+    let ids: Vec<SpanId> = spans.iter().map(|s| s.span_id).collect();
+    let parents: Vec<Option<SpanId>> = spans.iter().map(|s| s.parent_span_id).collect();
+    let open = resolve_links(&ids, &parents, &mut values, d);
+    values
+        .chunks(d.max(1))
+        .zip(open)
+        .map(|(v, open)| Resolved {
+            values: v.to_vec(),
+            open,
+        })
+        .take(spans.len())
+        .collect()
+}
+
+/// The resolution itself, over spans given as ids, parents and `d` own values each (`values`,
+/// row-major, any copyable value or reference to one): fills each span's missing values from
+/// its nearest ancestor's and returns whether each span's ancestry left the spans given.
+pub fn resolve_links<T: Copy>(
+    ids: &[SpanId],
+    parents: &[Option<SpanId>],
+    values: &mut [Option<T>],
+    d: usize,
+) -> Vec<bool> {
+    let by_id: FxHashMap<SpanId, u32> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (*s, i as u32))
+        .collect();
     const TODO: u8 = 0;
     const ON_PATH: u8 = 1;
     const DONE: u8 = 2;
-    let mut state = vec![TODO; spans.len()];
-    let mut open = vec![false; spans.len()];
+    let mut state = vec![TODO; ids.len()];
+    let mut open = vec![false; ids.len()];
     let mut path: Vec<usize> = Vec::new();
-    for start in 0..spans.len() {
+    for start in 0..ids.len() {
         // walk up to a resolved span, a root, a missing parent or a cycle
         let mut at = start;
         let above: Option<usize> = loop {
@@ -109,8 +131,7 @@ pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
             }
             path.push(at);
             state[at] = ON_PATH;
-            let parent = spans[at].parent_span_id;
-            match parent.map(|p| by_id.get(&p)) {
+            match parents[at].map(|p| by_id.get(&p)) {
                 Some(Some(&next)) if state[next as usize] != ON_PATH => at = next as usize,
                 Some(None) => {
                     open[at] = true;
@@ -135,15 +156,7 @@ pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
             above = Some(i);
         }
     }
-    values
-        .chunks(d.max(1))
-        .zip(open)
-        .map(|(v, open)| Resolved {
-            values: v.to_vec(),
-            open,
-        })
-        .take(spans.len())
-        .collect()
+    open
 }
 
 /// The slot among [`request_dims`] of dedicated column `col`, if it is one.

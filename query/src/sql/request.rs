@@ -42,16 +42,13 @@ pub fn slot(i: usize) -> usize {
 #[derive(Debug, Default)]
 pub struct HeadRequests {
     /// Every head span's request values.
-    values: TraceRequests,
+    values: HashMap<(TraceId, SpanId), Vec<Option<Value>>>,
     /// The traces with rows in the head.
     traces: HashSet<TraceId>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
-    /// blocks all ask for it).
-    whole: Mutex<HashMap<TraceId, Arc<SpanRequests>>>,
+    /// blocks all ask for it), each with the resolution that holds it.
+    whole: Mutex<HashMap<TraceId, Arc<TraceRequests>>>,
 }
-
-/// One trace's spans' request values.
-type SpanRequests = HashMap<SpanId, Vec<Option<Value>>>;
 
 impl HeadRequests {
     /// The request values of a head row.
@@ -64,7 +61,7 @@ impl HeadRequests {
         for r in snapshot.head.rows() {
             by_trace.entry(r.trace_id).or_default().push(r);
         }
-        let mut values = TraceRequests::new();
+        let mut values = HashMap::new();
         let mut open = Vec::new();
         for (trace, spans) in &by_trace {
             let resolved = resolve(spans);
@@ -77,11 +74,16 @@ impl HeadRequests {
                 values.insert((*trace, span.span_id), v);
             }
         }
-        values.extend(
-            store
-                .resolve_traces(tenant, snapshot, &open)
-                .map_err(storage_err)?,
-        );
+        let whole = store
+            .resolve_traces(tenant, snapshot, &open)
+            .map_err(storage_err)?;
+        for trace in &open {
+            for span in &by_trace[trace] {
+                if let Some(v) = whole.of(trace, &span.span_id) {
+                    values.insert((*trace, span.span_id), v);
+                }
+            }
+        }
         Ok(Self {
             values,
             traces: by_trace.into_keys().collect(),
@@ -96,7 +98,7 @@ impl HeadRequests {
         tenant: &TenantId,
         snapshot: &Snapshot,
         traces: &[TraceId],
-    ) -> Result<HashMap<TraceId, Arc<SpanRequests>>> {
+    ) -> Result<HashMap<TraceId, Arc<TraceRequests>>> {
         let missing: Vec<TraceId> = {
             let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
             traces
@@ -106,17 +108,14 @@ impl HeadRequests {
                 .collect()
         };
         if !missing.is_empty() {
-            let mut by_trace: HashMap<TraceId, SpanRequests> = HashMap::new();
-            for ((trace, span), values) in store
-                .resolve_traces(tenant, snapshot, &missing)
-                .map_err(storage_err)?
-            {
-                by_trace.entry(trace).or_default().insert(span, values);
-            }
+            let resolved = Arc::new(
+                store
+                    .resolve_traces(tenant, snapshot, &missing)
+                    .map_err(storage_err)?,
+            );
             let mut known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
             for t in missing {
-                let spans = by_trace.remove(&t).unwrap_or_default();
-                known.entry(t).or_insert_with(|| Arc::new(spans));
+                known.entry(t).or_insert_with(|| resolved.clone());
             }
         }
         let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
@@ -236,10 +235,7 @@ pub fn fix_block(
             .zip(&spans)
             .zip(&traces)
             .map(|((row, span), trace)| {
-                let value = whole
-                    .get(trace)
-                    .and_then(|spans| spans.get(span))
-                    .and_then(|v| v[*slot].as_ref());
+                let value = whole.get(trace).and_then(|t| t.get(trace, span, *slot));
                 (position(row), value)
             })
             .collect();

@@ -19,49 +19,101 @@ use crate::block::BuiltBlock;
 use crate::block::reader::Rows;
 use crate::error::Result;
 use crate::keys::{self, Signal};
-use crate::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
+use crate::model::{SpanId, TenantId, TraceId, Value};
 use crate::request;
 
-/// What resolution needs of some rows of a block, as spans: ids, parents and the request
-/// dimensions' own values, these from the block's postings of each dimension (which hold
-/// exactly the value its column keeps), so no attribute chunk is decoded.
-fn lineage_rows(
+/// What resolution needs of some rows: ids, parents and each request dimension's own value
+/// (row-major, as indexes into `values`), interned so that a value held by many rows is one.
+#[derive(Default)]
+struct Links {
+    ids: Vec<SpanId>,
+    parents: Vec<Option<SpanId>>,
+    own: Vec<Option<u32>>,
+}
+
+#[derive(Default)]
+struct Interner {
+    values: Vec<Value>,
+    at: HashMap<(usize, String), u32>,
+}
+
+impl Interner {
+    fn intern(
+        &mut self,
+        slot: usize,
+        term: &str,
+        value: impl FnOnce() -> Option<Value>,
+    ) -> Option<u32> {
+        if let Some(&i) = self.at.get(&(slot, term.to_owned())) {
+            return Some(i);
+        }
+        let v = value()?;
+        let i = self.values.len() as u32;
+        self.values.push(v);
+        self.at.insert((slot, term.to_owned()), i);
+        Some(i)
+    }
+}
+
+/// Reads [`Links`] of some rows of a block: the dimensions' own values from the block's
+/// postings of each (which hold exactly the value its column keeps), so no attribute chunk is
+/// decoded.
+fn block_links(
     reader: &crate::block::BlockReader<'_, super::ChunkFetcher<'_>>,
     rows: &Rows,
-) -> Result<Vec<SpanRecord>> {
+    interner: &mut Interner,
+) -> Result<Links> {
     use arrow::array::{Array, AsArray};
     let ids = reader.span_ids(rows)?;
     let parents = reader.parent_ids(rows)?;
-    let mut out: Vec<SpanRecord> = ids
-        .into_iter()
-        .zip(parents)
-        .map(|(span_id, parent_span_id)| SpanRecord {
-            span_id,
-            parent_span_id,
-            ..Default::default()
-        })
-        .collect();
-    for &d in request::request_dims() {
-        let dim = &crate::schema::DEDICATED[d];
+    let d = request::request_dims().len();
+    let mut own = vec![None; ids.len() * d];
+    for (slot, &col) in request::request_dims().iter().enumerate() {
+        let dim = &crate::schema::DEDICATED[col];
         let terms = reader.postings_terms(dim.name, rows)?;
         let terms = terms.as_string::<i32>();
-        for (span, i) in out.iter_mut().zip(0..terms.len()) {
-            if terms.is_null(i) {
-                continue;
-            }
+        for i in (0..terms.len()).filter(|&i| !terms.is_null(i)) {
             let term = terms.value(i);
-            let value = match dim.ty {
-                crate::schema::ColumnType::Int => match term.parse() {
-                    Ok(n) => Value::Int(n),
-                    Err(_) => continue,
-                },
-                _ => Value::Str(term.to_owned()),
-            };
-            span.attributes
-                .push(crate::model::KeyValue::new(dim.name, value));
+            own[i * d + slot] = interner.intern(slot, term, || match dim.ty {
+                crate::schema::ColumnType::Int => term.parse().ok().map(Value::Int),
+                _ => Some(Value::Str(term.to_owned())),
+            });
         }
     }
-    Ok(out)
+    Ok(Links { ids, parents, own })
+}
+
+/// Request values of the spans of some traces, resolved over all their rows: each span's
+/// values (one per [`request::request_dims`] entry) as indexes into shared values.
+#[derive(Debug, Default)]
+pub struct TraceRequests {
+    values: Vec<Value>,
+    spans: HashMap<(TraceId, SpanId), u32>,
+    slots: Vec<Option<u32>>,
+    dims: usize,
+}
+
+impl TraceRequests {
+    /// A span's value of request dimension `slot`.
+    pub fn get(&self, trace: &TraceId, span: &SpanId, slot: usize) -> Option<&Value> {
+        let row = *self.spans.get(&(*trace, *span))? as usize;
+        let v = self.slots[row * self.dims + slot]?;
+        self.values.get(v as usize)
+    }
+
+    /// A span's values, one per request dimension.
+    pub fn of(&self, trace: &TraceId, span: &SpanId) -> Option<Vec<Option<Value>>> {
+        self.spans.get(&(*trace, *span))?;
+        Some(
+            (0..self.dims)
+                .map(|s| self.get(trace, span, s).cloned())
+                .collect(),
+        )
+    }
+
+    pub fn traces(&self) -> impl Iterator<Item = TraceId> + '_ {
+        self.spans.keys().map(|(t, _)| *t)
+    }
 }
 
 /// The traces of the blocks one flush or merge writes, and those found split.
@@ -70,9 +122,6 @@ pub(super) struct SplitNotes {
     seen: HashSet<TraceId>,
     found: Vec<TraceId>,
 }
-
-/// Each span's request values (one per [`request::request_dims`] entry), by trace and span.
-pub type TraceRequests = HashMap<(TraceId, SpanId), Vec<Option<Value>>>;
 
 impl Store {
     /// Notes the traces of a span block about to be written; with `check_index`, also those
@@ -144,10 +193,21 @@ impl Store {
         traces: &[TraceId],
     ) -> Result<TraceRequests> {
         let wanted: HashSet<TraceId> = traces.iter().copied().collect();
-        let mut rows: HashMap<TraceId, Vec<SpanRecord>> = HashMap::new();
+        let d = request::request_dims().len();
+        let mut interner = Interner::default();
+        let mut links: HashMap<TraceId, Links> = HashMap::new();
         for span in snapshot.head.rows() {
             if wanted.contains(&span.trace_id) {
-                rows.entry(span.trace_id).or_default().push(span.clone());
+                let l = links.entry(span.trace_id).or_default();
+                l.ids.push(span.span_id);
+                l.parents.push(span.parent_span_id);
+                for (slot, &col) in request::request_dims().iter().enumerate() {
+                    let v = request::dedicated_value(span, col);
+                    l.own.push(v.and_then(|v| {
+                        let term = v.as_term()?;
+                        interner.intern(slot, &term, || Some(v.clone()))
+                    }));
+                }
             }
         }
         // each block's rows of the wanted traces, read together
@@ -171,23 +231,30 @@ impl Store {
                 set.insert_range(*start..start + n);
             }
             let reader = self.block_reader(tenant, addr, meta);
-            let mut read = lineage_rows(&reader, &Rows::Set(set))?.into_iter();
+            let read = block_links(&reader, &Rows::Set(set), &mut interner)?;
+            let mut at = 0usize;
             for (trace, _, n) in runs {
-                let spans = rows.entry(trace).or_default();
-                for mut span in read.by_ref().take(n as usize) {
-                    span.trace_id = trace;
-                    spans.push(span);
-                }
+                let n = n as usize;
+                let l = links.entry(trace).or_default();
+                l.ids.extend_from_slice(&read.ids[at..at + n]);
+                l.parents.extend_from_slice(&read.parents[at..at + n]);
+                l.own.extend_from_slice(&read.own[at * d..(at + n) * d]);
+                at += n;
             }
         }
-        let mut out = TraceRequests::new();
-        for (trace, spans) in &rows {
-            let refs: Vec<&SpanRecord> = spans.iter().collect();
-            for (span, resolved) in refs.iter().zip(request::resolve(&refs)) {
-                let values = resolved.values.into_iter().map(|v| v.cloned()).collect();
-                out.insert((*trace, span.span_id), values);
+        let mut out = TraceRequests {
+            dims: d,
+            ..Default::default()
+        };
+        for (trace, mut l) in links {
+            request::resolve_links(&l.ids, &l.parents, &mut l.own, d);
+            let first = out.slots.len() / d.max(1);
+            for (i, id) in l.ids.into_iter().enumerate() {
+                out.spans.insert((trace, id), (first + i) as u32);
             }
+            out.slots.extend(l.own);
         }
+        out.values = interner.values;
         Ok(out)
     }
 }
