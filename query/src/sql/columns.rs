@@ -699,7 +699,7 @@ fn other_attributes<S: ChunkSource>(
 }
 
 /// The values of a typed column (as the model's values), for merging with other sources.
-fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
+pub(super) fn typed_values(a: &ArrayRef) -> Vec<Option<Value>> {
     use arrow::array::AsArray;
     (0..a.len())
         .map(|i| {

@@ -23,7 +23,7 @@ use weft_storage::request::{OPEN_DIM, request_dims, resolve};
 use weft_storage::store::Snapshot;
 use weft_storage::store::TraceRequests;
 
-use super::columns::values_column;
+use super::columns::{typed_values, values_column};
 
 fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -43,8 +43,8 @@ pub fn slot(i: usize) -> usize {
 pub struct HeadRequests {
     /// Every head span's request values.
     values: HashMap<(TraceId, SpanId), Vec<Option<Value>>>,
-    /// The traces with rows in the head.
-    traces: HashSet<TraceId>,
+    /// The traces with rows in the head, with those rows as (batch, row) of the snapshot's.
+    traces: HashMap<TraceId, Vec<(u32, u32)>>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
     /// blocks all ask for it), each with the resolution that holds it.
     whole: Mutex<HashMap<TraceId, Arc<TraceRequests>>>,
@@ -58,8 +58,15 @@ impl HeadRequests {
 
     fn compute(store: &Store, tenant: &TenantId, snapshot: &Snapshot) -> Result<Self> {
         let mut by_trace: HashMap<TraceId, Vec<&SpanRecord>> = HashMap::new();
-        for r in snapshot.head.rows() {
-            by_trace.entry(r.trace_id).or_default().push(r);
+        let mut traces: HashMap<TraceId, Vec<(u32, u32)>> = HashMap::new();
+        for (b, batch) in snapshot.head.batches.iter().enumerate() {
+            for (i, r) in batch.iter().enumerate() {
+                by_trace.entry(r.trace_id).or_default().push(r);
+                traces
+                    .entry(r.trace_id)
+                    .or_default()
+                    .push((b as u32, i as u32));
+            }
         }
         let mut values = HashMap::new();
         let mut open = Vec::new();
@@ -74,8 +81,9 @@ impl HeadRequests {
                 values.insert((*trace, span.span_id), v);
             }
         }
+        let head: Vec<&SpanRecord> = open.iter().flat_map(|t| by_trace[t].clone()).collect();
         let whole = store
-            .resolve_traces(tenant, snapshot, &open)
+            .resolve_traces(tenant, snapshot, &open, &head)
             .map_err(storage_err)?;
         for trace in &open {
             for span in &by_trace[trace] {
@@ -86,9 +94,19 @@ impl HeadRequests {
         }
         Ok(Self {
             values,
-            traces: by_trace.into_keys().collect(),
+            traces,
             whole: Default::default(),
         })
+    }
+
+    /// The snapshot's head rows of some traces.
+    fn head_rows<'s>(&self, snapshot: &'s Snapshot, traces: &[TraceId]) -> Vec<&'s SpanRecord> {
+        traces
+            .iter()
+            .filter_map(|t| self.traces.get(t))
+            .flatten()
+            .map(|&(b, i)| &snapshot.head.batches[b as usize][i as usize])
+            .collect()
     }
 
     /// The given traces resolved over all their rows, each resolved once per query.
@@ -110,7 +128,12 @@ impl HeadRequests {
         if !missing.is_empty() {
             let resolved = Arc::new(
                 store
-                    .resolve_traces(tenant, snapshot, &missing)
+                    .resolve_traces(
+                        tenant,
+                        snapshot,
+                        &missing,
+                        &self.head_rows(snapshot, &missing),
+                    )
                     .map_err(storage_err)?,
             );
             let mut known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
@@ -173,7 +196,7 @@ pub fn late_rows(
     };
     let mut late = RoaringBitmap::new();
     for (i, (start, id)) in runs.starts.iter().zip(&runs.ids).enumerate() {
-        if snapshot.splits.contains(id) || head.traces.contains(id) {
+        if snapshot.splits.contains(id) || head.traces.contains_key(id) {
             let end = runs.starts.get(i + 1).copied().unwrap_or(meta.rows);
             late.insert_range(*start..end);
         }
@@ -195,15 +218,7 @@ pub fn fix_block(
     columns: &mut [(usize, &mut ArrayRef)],
 ) -> Result<()> {
     let late = late_rows(store, tenant, snapshot, head, addr, meta)?;
-    let late = match rows {
-        Rows::All => late,
-        Rows::Range(start, len) => {
-            let mut range = RoaringBitmap::new();
-            range.insert_range(*start..start + len);
-            late & range
-        }
-        Rows::Set(set) => late & set,
-    };
+    let late = rows.intersect(&late);
     if late.is_empty() {
         return Ok(());
     }
@@ -275,29 +290,11 @@ fn patched(a: &ArrayRef, patch: &[(usize, Option<&Value>)]) -> ArrayRef {
         }
         // not a request column's type: rebuilt from values
         other => {
-            let mut values = array_values(a);
+            let mut values = typed_values(a);
             for (at, v) in patch {
                 values[*at] = v.cloned();
             }
             values_column(other, values.into_iter())
         }
     }
-}
-
-/// A request column's values (text or integer) as the model's values.
-fn array_values(a: &ArrayRef) -> Vec<Option<Value>> {
-    (0..a.len())
-        .map(|i| {
-            if a.is_null(i) {
-                return None;
-            }
-            Some(match a.data_type() {
-                DataType::Int64 => {
-                    Value::Int(a.as_primitive::<arrow::datatypes::Int64Type>().value(i))
-                }
-                DataType::Utf8View => Value::Str(a.as_string_view().value(i).to_owned()),
-                _ => Value::Str(a.as_string::<i32>().value(i).to_owned()),
-            })
-        })
-        .collect()
 }

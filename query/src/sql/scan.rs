@@ -96,19 +96,6 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
 /// Rows of some traces, per block.
 pub type TraceRows = HashMap<BlockAddr, RoaringBitmap>;
 
-/// `rows` narrowed to `keep`.
-fn narrow(rows: &Rows, keep: &RoaringBitmap) -> RoaringBitmap {
-    match rows {
-        Rows::All => keep.clone(),
-        Rows::Range(start, len) => {
-            let mut range = RoaringBitmap::new();
-            range.insert_range(*start..start + len);
-            range & keep
-        }
-        Rows::Set(set) => set & keep,
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Work {
     Head,
@@ -663,7 +650,7 @@ impl ExecutionPlan for WeftScanExec {
                             let b = &this.plan.blocks[i];
                             let rows = by_trace
                                 .get(&b.addr)
-                                .map(|keep| narrow(&b.rows, keep))
+                                .map(|keep| b.rows.intersect(keep))
                                 .unwrap_or_default();
                             if rows.is_empty() {
                                 skipped.add(1);

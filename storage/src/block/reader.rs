@@ -30,6 +30,19 @@ pub enum Rows {
 }
 
 impl Rows {
+    /// The rows of `self` that are in `keep`.
+    pub fn intersect(&self, keep: &RoaringBitmap) -> RoaringBitmap {
+        match self {
+            Rows::All => keep.clone(),
+            Rows::Range(start, len) => {
+                let mut range = RoaringBitmap::new();
+                range.insert_range(*start..start + len);
+                range & keep
+            }
+            Rows::Set(set) => set & keep,
+        }
+    }
+
     fn selection(&self, total: u32) -> Option<RowSelection> {
         match self {
             Rows::All => None,
@@ -750,13 +763,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         for (t, (_, held)) in postings.iter().enumerate() {
             match rows {
                 Rows::All => held.iter().for_each(|r| keys[r as usize] = Some(t as u32)),
-                Rows::Range(start, len) => {
-                    let mut range = RoaringBitmap::new();
-                    range.insert_range(*start..start + len);
-                    (held & &range)
-                        .iter()
-                        .for_each(|r| keys[(r - start) as usize] = Some(t as u32));
-                }
+                Rows::Range(start, _) => rows
+                    .intersect(held)
+                    .iter()
+                    .for_each(|r| keys[(r - start) as usize] = Some(t as u32)),
                 Rows::Set(set) => {
                     let position = positions.get_or_insert_with(|| Positions::of(set));
                     (held & set)

@@ -19,7 +19,7 @@ use crate::block::BuiltBlock;
 use crate::block::reader::Rows;
 use crate::error::Result;
 use crate::keys::{self, Signal};
-use crate::model::{SpanId, TenantId, TraceId, Value};
+use crate::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use crate::request;
 
 /// What resolution needs of some rows: ids, parents and each request dimension's own value
@@ -185,18 +185,20 @@ impl Store {
     }
 
     /// The request values of every span of the given traces, resolved over all of each
-    /// trace's rows in the snapshot: its blocks (through the trace-id index) and the head.
+    /// trace's rows in the snapshot: its blocks (through the trace-id index) and `head`, the
+    /// snapshot's head rows of those traces (the caller has them grouped by trace already).
     pub fn resolve_traces(
         &self,
         tenant: &TenantId,
         snapshot: &Snapshot,
         traces: &[TraceId],
+        head: &[&SpanRecord],
     ) -> Result<TraceRequests> {
         let wanted: HashSet<TraceId> = traces.iter().copied().collect();
         let d = request::request_dims().len();
         let mut interner = Interner::default();
         let mut links: HashMap<TraceId, Links> = HashMap::new();
-        for span in snapshot.head.rows() {
+        for span in head {
             if wanted.contains(&span.trace_id) {
                 let l = links.entry(span.trace_id).or_default();
                 l.ids.push(span.span_id);
