@@ -45,6 +45,8 @@ pub struct HeadRequests {
     values: HashMap<(TraceId, SpanId), Vec<Option<Value>>>,
     /// The traces with rows in the head, with those rows as (batch, row) of the snapshot's.
     traces: HashMap<TraceId, Vec<(u32, u32)>>,
+    /// Each block's late rows (see [`late_rows`]).
+    late: Mutex<HashMap<BlockAddr, Arc<RoaringBitmap>>>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
     /// blocks all ask for it), each with the resolution that holds it.
     whole: Mutex<HashMap<TraceId, Arc<TraceRequests>>>,
@@ -95,6 +97,7 @@ impl HeadRequests {
         Ok(Self {
             values,
             traces,
+            late: Default::default(),
             whole: Default::default(),
         })
     }
@@ -170,7 +173,32 @@ impl RequestCell {
 
 /// Rows of a block (among `rows`) whose request values its postings cannot give: open rows of
 /// traces with rows elsewhere, or every row of a block written without request postings.
+/// Kept per query and block: the scan's planning and each read of the block ask for them.
 pub fn late_rows(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    addr: BlockAddr,
+    meta: &BlockMeta,
+) -> Result<Arc<RoaringBitmap>> {
+    if let Some(late) = head
+        .late
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+    {
+        return Ok(late.clone());
+    }
+    let late = Arc::new(find_late_rows(store, tenant, snapshot, head, addr, meta)?);
+    head.late
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(addr, late.clone());
+    Ok(late)
+}
+
+fn find_late_rows(
     store: &Store,
     tenant: &TenantId,
     snapshot: &Snapshot,

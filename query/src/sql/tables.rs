@@ -149,6 +149,7 @@ impl SpansTable {
         let late = |addr, meta: &weft_storage::block::BlockMeta| {
             let head = ctx.head_requests()?;
             request::late_rows(&ctx.store, &ctx.tenant, &ctx.snapshot, &head, addr, meta)
+                .map(|late| late.as_ref().clone())
         };
         let plan = ScanPlan::build_with(
             &ctx.store,
