@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
     #[arg(long, env = "WEFT_MERGE_IDLE")]
     pub merge_idle: Option<String>,
+    /// Flushes a trace may wait in the head for a span's missing parent, so that it reaches
+    /// a block whole; 0 flushes every row at once [default: 2].
+    #[arg(long, env = "WEFT_PARENT_WAIT_FLUSHES")]
+    pub parent_wait_flushes: Option<u8>,
     /// Compression of column chunks: zstd (where it pays) or none, so that a byte search of
     /// the data directory finds every stored value [default: zstd].
     #[arg(long, env = "WEFT_COMPRESSION")]
@@ -128,6 +132,7 @@ struct FileConfig {
     block_window: Option<String>,
     cache_bytes: Option<usize>,
     merge_idle: Option<String>,
+    parent_wait_flushes: Option<u8>,
     compression: Option<String>,
     retention: Option<String>,
     spans_retention: Option<String>,
@@ -287,6 +292,10 @@ impl Config {
                 args.merge_idle.or(file.merge_idle),
                 store_default.merge_idle,
             )?,
+            parent_wait_flushes: args
+                .parent_wait_flushes
+                .or(file.parent_wait_flushes)
+                .unwrap_or(store_default.parent_wait_flushes),
             compression: compression(args.compression.or(file.compression))?,
             retention: retention::retention(
                 RetentionKeys {

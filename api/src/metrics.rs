@@ -214,6 +214,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_rows_waiting_for_parent_total",
+        "Rows a flush kept in the head to wait for a missing parent (once per flush).",
+        load(&s.rows_waiting),
+    );
+    counter(
+        &mut out,
         "weft_blocks_written_total",
         "Blocks written.",
         load(&s.blocks_written),

@@ -471,14 +471,21 @@ impl Generator {
     }
 
     /// W3C flags as an SDK sets them: sampled, and whether the parent is remote known
-    /// (0x100) and set (0x200) where a root continues a caller's trace; a trace state now and
-    /// then.
+    /// (0x100) and set (0x200) where the parent is in another process (another service) or
+    /// a root continues a caller's trace; a trace state now and then.
     fn sdk_flags(&mut self, spans: &mut [(usize, Span)]) {
         let remote_root = self.rng.random_bool(0.25);
         let state = self.rng.random_bool(0.1);
         let caller: [u8; 8] = self.id();
-        for (_, span) in spans.iter_mut() {
-            span.flags = 0x101;
+        let service_of: std::collections::HashMap<Vec<u8>, usize> = spans
+            .iter()
+            .map(|(svc, s)| (s.span_id.clone(), *svc))
+            .collect();
+        for (svc, span) in spans.iter_mut() {
+            let remote = service_of
+                .get(&span.parent_span_id)
+                .is_some_and(|parent| parent != svc);
+            span.flags = if remote { 0x301 } else { 0x101 };
             if state {
                 span.trace_state = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into();
             }

@@ -23,6 +23,9 @@ pub struct Head<R: Row> {
     /// The earliest time of its rows (`u64::MAX` when empty), so that a read under a
     /// retention cutoff filters the head only when some row is older.
     pub min_start: u64,
+    /// Traces kept back from earlier flushes to wait for a parent, with how many flushes
+    /// each has waited (see `StoreOptions::parent_wait_flushes`).
+    pub waited: FxHashMap<TraceId, u8>,
 }
 
 impl<R: Row> Default for Head<R> {
@@ -35,6 +38,7 @@ impl<R: Row> Default for Head<R> {
             rows: 0,
             since: None,
             min_start: u64::MAX,
+            waited: FxHashMap::default(),
         }
     }
 }

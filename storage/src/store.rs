@@ -61,6 +61,10 @@ pub struct StoreOptions {
     pub merge_idle: Duration,
     /// Compression of column chunks (`None`: every value is on disk as it came).
     pub compression: crate::block::format::Compression,
+    /// How many flushes a trace may be kept back in the head, waiting for the parent of one
+    /// of its spans, so that it reaches a block whole (SDKs export children before their
+    /// parents); 0 flushes every row at once.
+    pub parent_wait_flushes: u8,
 }
 
 impl Default for StoreOptions {
@@ -75,6 +79,7 @@ impl Default for StoreOptions {
             clock: Arc::new(SystemClock),
             merge_idle: Duration::from_secs(60),
             compression: Default::default(),
+            parent_wait_flushes: 2,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct StoreStats {
     pub blocks_written: AtomicU64,
     pub block_bytes_written: AtomicU64,
     pub rows_flushed: AtomicU64,
+    /// Rows kept back by a flush to wait for a parent (counted once per flush that kept them).
+    pub rows_waiting: AtomicU64,
     /// Blocks retired because their window fell out of retention.
     pub blocks_expired: AtomicU64,
     /// Blocks merged into larger ones.
@@ -241,6 +248,11 @@ impl<R: Row> TenantState<R> {
             restored.push(key, batch, now);
         }
         restored.seen = head.seen.union(&newer.seen).copied().collect();
+        restored.waited = head.waited.clone();
+        for (trace, n) in newer.waited {
+            let w = restored.waited.entry(trace).or_default();
+            *w = (*w).max(n);
+        }
         self.head = restored;
         self.frozen = None;
     }
@@ -258,6 +270,22 @@ impl<R: Row> TenantState<R> {
             || self.recent.contains(key)
             || self.frozen.as_ref().is_some_and(|f| f.seen.contains(key))
     }
+}
+
+/// Blocks a flush wrote.
+type Written = Vec<(BlockAddr, Arc<BlockMeta>)>;
+
+/// W3C trace flags (OTLP span flags bits 8 and 9): whether the parent is remote is known, and
+/// it is.
+const REMOTE_PARENT: u32 = 0x300;
+
+/// Rows a flush kept back in the head, waiting for a parent: written again to the write-ahead
+/// under `wal_key` in the flush's own batch.
+struct Kept<R> {
+    wal_key: Vec<u8>,
+    rows: Vec<R>,
+    /// Each kept trace with the number of flushes it has now waited.
+    waited: Vec<(TraceId, u8)>,
 }
 
 /// Each signal's tenants.
@@ -761,7 +789,7 @@ impl Store {
         // every frozen head is either turned into blocks or put back in front of its tenant's
         // head, whatever happens to another tenant's flush (an error or a panic)
         for (tenant, head) in frozen {
-            let result = catch_unwind(AssertUnwindSafe(|| self.flush_head(&tenant, &head)))
+            let result = catch_unwind(AssertUnwindSafe(|| self.flush_head(&tenant, &head, force)))
                 .unwrap_or_else(|panic| {
                     Err(StorageError::Panicked {
                         what: format!("flush of tenant {tenant}"),
@@ -771,8 +799,17 @@ impl Store {
             let mut state = self.lock();
             let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
             match result {
-                Ok(written) => {
+                Ok((written, kept)) => {
                     blocks += written.len();
+                    if let Some(kept) = kept {
+                        t.head.seen.extend(kept.rows.iter().map(Row::id));
+                        t.head
+                            .push(kept.wal_key, Arc::new(kept.rows), Instant::now());
+                        for (trace, n) in kept.waited {
+                            let w = t.head.waited.entry(trace).or_default();
+                            *w = (*w).max(n);
+                        }
+                    }
                     let now = Instant::now();
                     t.last_write
                         .retain(|_, at| at.elapsed() < 2 * self.opts.merge_idle);
@@ -795,11 +832,14 @@ impl Store {
         first_error.map_or(Ok(blocks), Err)
     }
 
-    fn flush_head<R: Row>(
+    /// Turns a frozen head into blocks, except the traces kept back to wait for a parent
+    /// (not when `force`d), which are written again to the write-ahead in the same batch.
+    fn flush_head<R: Lane>(
         &self,
         tenant: &TenantId,
         head: &Head<R>,
-    ) -> Result<Vec<(BlockAddr, Arc<BlockMeta>)>> {
+        force: bool,
+    ) -> Result<(Written, Option<Kept<R>>)> {
         #[cfg(test)]
         {
             let hook = self.test_flush_hook.lock().unwrap().clone();
@@ -809,8 +849,19 @@ impl Store {
         }
         let started = Instant::now();
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
+        let waiting = if force || self.opts.parent_wait_flushes == 0 {
+            Default::default()
+        } else {
+            let splits = self.lock().splits.get(tenant).cloned().unwrap_or_default();
+            R::waiting_for_parent(head, &splits, self.opts.parent_wait_flushes)
+        };
+        let mut kept_rows = Vec::new();
         let mut by_window: BTreeMap<u64, Vec<&R>> = BTreeMap::new();
         for row in head.batches.iter().flat_map(|b| b.iter()) {
+            if !waiting.is_empty() && row.trace_id().is_some_and(|t| waiting.contains(&t)) {
+                kept_rows.push(row.clone());
+                continue;
+            }
             let window = row.time().0 / window_ns * window_ns;
             by_window.entry(window).or_default().push(row);
         }
@@ -837,6 +888,26 @@ impl Store {
         for key in &head.wal_keys {
             batch.delete_cf(self.cf(CF_HEAD), key);
         }
+        let kept = (!kept_rows.is_empty()).then(|| {
+            let seq = {
+                let mut state = self.lock();
+                state.next_seq += 1;
+                state.next_seq - 1
+            };
+            let wal_key = keys::head(tenant, R::SIGNAL, seq);
+            batch.put_cf(self.cf(CF_HEAD), &wal_key, R::encode_rows(&kept_rows));
+            self.stats
+                .rows_waiting
+                .fetch_add(kept_rows.len() as u64, Ordering::Relaxed);
+            Kept {
+                wal_key,
+                rows: kept_rows,
+                waited: waiting
+                    .into_iter()
+                    .map(|t| (t, head.waited.get(&t).copied().unwrap_or(0) + 1))
+                    .collect(),
+            }
+        });
         let splits = self.stage_splits(&mut batch, tenant, splits);
         self.db.write_opt(batch, &self.sync)?;
         self.remember_splits(tenant, splits);
@@ -848,8 +919,8 @@ impl Store {
         self.stats
             .flush_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        tracing::debug!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = written.len(), rows, "head flushed");
-        Ok(written)
+        tracing::debug!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = written.len(), rows, kept = kept.as_ref().map_or(0, |k| k.rows.len()), "head flushed");
+        Ok((written, kept))
     }
 
     fn next_block_id(&self) -> u64 {
@@ -1330,6 +1401,16 @@ trait Lane: Row {
         Ok(Default::default())
     }
 
+    /// Traces of a head that a flush keeps back, waiting for the parent of one of their rows
+    /// (none for a signal without parent links).
+    fn waiting_for_parent(
+        _head: &Head<Self>,
+        _splits: &HashSet<TraceId>,
+        _max_waits: u8,
+    ) -> rustc_hash::FxHashSet<TraceId> {
+        Default::default()
+    }
+
     fn insert_block(state: &mut State, tenant: TenantId, addr: BlockAddr, meta: Arc<BlockMeta>) {
         let t = Self::lanes_mut(state).entry(tenant).or_default();
         Arc::make_mut(&mut t.blocks).insert(addr, meta);
@@ -1376,6 +1457,35 @@ impl Lane for SpanRecord {
         rows: &[Self],
     ) -> Result<rustc_hash::FxHashSet<Self::Id>> {
         store.stored_span_ids(tenant, rows)
+    }
+    /// A trace waits while a span's parent is missing from the head (its request values are
+    /// not known yet) and not flagged remote, unless it already waited `max_waits` flushes or already has rows in
+    /// two blocks (waiting would not make it whole).
+    fn waiting_for_parent(
+        head: &Head<Self>,
+        splits: &HashSet<TraceId>,
+        max_waits: u8,
+    ) -> rustc_hash::FxHashSet<TraceId> {
+        let mut out = rustc_hash::FxHashSet::default();
+        let mut ids = rustc_hash::FxHashSet::default();
+        for (trace, rows) in &head.by_trace {
+            if head.waited.get(trace).is_some_and(|&n| n >= max_waits) || splits.contains(trace) {
+                continue;
+            }
+            let row = |&(b, i): &(u32, u32)| &head.batches[b as usize][i as usize];
+            ids.clear();
+            ids.extend(rows.iter().map(|r| row(r).span_id));
+            // a parent the span says is remote (W3C flags: is-remote known and set) is in
+            // another process, whose exporter may send it much later or never
+            if rows.iter().any(|r| {
+                let r = row(r);
+                r.flags & REMOTE_PARENT != REMOTE_PARENT
+                    && r.parent_span_id.is_some_and(|p| !ids.contains(&p))
+            }) {
+                out.insert(*trace);
+            }
+        }
+        out
     }
 }
 

@@ -26,7 +26,7 @@ use super::request::HeadRequests;
 
 /// The rows of a block whose request values must be resolved over their whole trace.
 pub type LateRows<'a> =
-    &'a dyn Fn(BlockAddr, &BlockMeta) -> datafusion::error::Result<RoaringBitmap>;
+    &'a dyn Fn(BlockAddr, &BlockMeta, &[&'static str]) -> datafusion::error::Result<RoaringBitmap>;
 
 /// What a query's filters let the store skip. Bounds are inclusive, in Unix nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -50,6 +50,50 @@ pub(super) fn column_of(e: &Expr) -> Option<&str> {
         Expr::TryCast(c) => column_of(&c.expr),
         _ => None,
     }
+}
+
+/// `c = v1 OR c = v2 OR …` (how an optimizer spells a short `IN` list) as the column side
+/// and the values, when every branch compares the same column with a literal.
+pub(super) fn or_equalities(e: &Expr) -> Option<(&Expr, Vec<&Expr>)> {
+    fn walk<'e>(e: &'e Expr, column: &mut Option<&'e Expr>, values: &mut Vec<&'e Expr>) -> bool {
+        match e {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Or,
+                right,
+            }) => walk(left, column, values) && walk(right, column, values),
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => {
+                let (c, v) = match (literal(left), literal(right)) {
+                    (None, Some(_)) => (left.as_ref(), right.as_ref()),
+                    (Some(_), None) => (right.as_ref(), left.as_ref()),
+                    _ => return false,
+                };
+                if column.is_some_and(|known| known != c) {
+                    return false;
+                }
+                *column = Some(c);
+                values.push(v);
+                true
+            }
+            _ => false,
+        }
+    }
+    if !matches!(
+        e,
+        Expr::BinaryExpr(BinaryExpr {
+            op: Operator::Or,
+            ..
+        })
+    ) {
+        return None;
+    }
+    let mut column = None;
+    let mut values = Vec::new();
+    (walk(e, &mut column, &mut values) && column.is_some()).then(|| (column.unwrap(), values))
 }
 
 pub(super) fn literal(e: &Expr) -> Option<&ScalarValue> {
@@ -180,7 +224,11 @@ impl Pushdown {
             }) => plain_column(expr)
                 .and_then(exact_col)
                 .is_some_and(|c| values_fit(c, list)),
-            _ => false,
+            _ => or_equalities(e).is_some_and(|(expr, list)| {
+                plain_column(expr)
+                    .and_then(exact_col)
+                    .is_some_and(|c| values_fit(c, list))
+            }),
         }
     }
 
@@ -202,6 +250,20 @@ impl Pushdown {
                 let l = self.add(columns, left);
                 let r = self.add(columns, right);
                 l || r
+            }
+            Expr::BinaryExpr(BinaryExpr {
+                op: Operator::Or, ..
+            }) => {
+                let Some((expr, list)) = or_equalities(e) else {
+                    return false;
+                };
+                let Some(c) = column_of(expr) else {
+                    return false;
+                };
+                let Some(values) = list.into_iter().map(literal).collect::<Option<Vec<_>>>() else {
+                    return false;
+                };
+                self.one_of(columns, c, &values)
             }
             Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
                 if let (Some(c), Some(v)) = (column_of(left), literal(right)) {
@@ -459,6 +521,12 @@ impl ScanPlan {
             .then(|| TermFilter::new(p.dims.iter().map(|(d, terms)| (*d, terms.as_slice()))));
         // the filter without its request columns, for rows resolved late
         let late = late.filter(|_| use_pushdown && p.uses_requests());
+        let request_dims: Vec<&'static str> = p
+            .dims
+            .keys()
+            .filter(|d| d.starts_with(REQUEST_PREFIX))
+            .copied()
+            .collect();
         let others = late.map(|_| {
             TermFilter::new(
                 p.dims
@@ -483,7 +551,7 @@ impl ScanPlan {
                     .rows_matching(tenant, *addr, meta.rows, filter)
                     .map_err(err)?;
                 if let (Some(late), Some(others)) = (late, &others) {
-                    let late = late(*addr, meta)?;
+                    let late = late(*addr, meta, &request_dims)?;
                     if !late.is_empty() {
                         let others = store
                             .rows_matching(tenant, *addr, meta.rows, others)

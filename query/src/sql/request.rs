@@ -45,8 +45,10 @@ pub struct HeadRequests {
     values: HashMap<(TraceId, SpanId), Vec<Option<Value>>>,
     /// The traces with rows in the head, with those rows as (batch, row) of the snapshot's.
     traces: HashMap<TraceId, Vec<(u32, u32)>>,
-    /// Each block's late rows (see [`late_rows`]).
+    /// Each block's open rows of traces with rows elsewhere (see [`late_rows`]).
     late: Mutex<HashMap<BlockAddr, Arc<RoaringBitmap>>>,
+    /// Each block's rows with a value of a request dimension (by postings dimension name).
+    known: Mutex<HashMap<(BlockAddr, &'static str), Arc<RoaringBitmap>>>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
     /// blocks all ask for it), each with the resolution that holds it.
     whole: Mutex<HashMap<TraceId, Arc<TraceRequests>>>,
@@ -98,6 +100,7 @@ impl HeadRequests {
             values,
             traces,
             late: Default::default(),
+            known: Default::default(),
             whole: Default::default(),
         })
     }
@@ -171,9 +174,11 @@ impl RequestCell {
     }
 }
 
-/// Rows of a block (among `rows`) whose request values its postings cannot give: open rows of
-/// traces with rows elsewhere, or every row of a block written without request postings.
-/// Kept per query and block: the scan's planning and each read of the block ask for them.
+/// Rows of a block whose values of the request dimensions `dims` (postings dimension names,
+/// `request:D`) its postings cannot give: open rows of traces with rows elsewhere that lack a
+/// value of one of `dims` (a value found before the ancestry left the block is the nearest
+/// ancestor's, final), or every row of a block written without request postings. Kept per
+/// query and block: the scan's planning and each read of the block ask for them.
 pub fn late_rows(
     store: &Store,
     tenant: &TenantId,
@@ -181,21 +186,78 @@ pub fn late_rows(
     head: &HeadRequests,
     addr: BlockAddr,
     meta: &BlockMeta,
-) -> Result<Arc<RoaringBitmap>> {
-    if let Some(late) = head
+    dims: &[&'static str],
+) -> Result<RoaringBitmap> {
+    let cached = head
         .late
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&addr)
-    {
-        return Ok(late.clone());
+        .cloned();
+    let open = match cached {
+        Some(late) => late,
+        None => {
+            let late = Arc::new(find_late_rows(store, tenant, snapshot, head, addr, meta)?);
+            head.late
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(addr, late.clone());
+            late
+        }
+    };
+    let mut late = open.as_ref().clone();
+    if late.is_empty() {
+        return Ok(late);
     }
-    let late = Arc::new(find_late_rows(store, tenant, snapshot, head, addr, meta)?);
-    head.late
+    let mut all_known: Option<RoaringBitmap> = None;
+    for &dim in dims {
+        let known = known_rows(store, tenant, head, addr, dim)?;
+        all_known = Some(match all_known {
+            Some(k) => k & known.as_ref(),
+            None => known.as_ref().clone(),
+        });
+    }
+    if let Some(known) = all_known {
+        late -= known;
+    }
+    Ok(late)
+}
+
+/// The rows of a block with some value of request dimension `dim` (its postings' union).
+fn known_rows(
+    store: &Store,
+    tenant: &TenantId,
+    head: &HeadRequests,
+    addr: BlockAddr,
+    dim: &'static str,
+) -> Result<Arc<RoaringBitmap>> {
+    let key = (addr, dim);
+    if let Some(k) = head
+        .known
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(addr, late.clone());
-    Ok(late)
+        .get(&key)
+    {
+        return Ok(k.clone());
+    }
+    let postings = store
+        .dimension_shared(tenant, addr, dim)
+        .map_err(storage_err)?;
+    let mut known = RoaringBitmap::new();
+    for (_, rows) in postings.iter() {
+        known |= rows;
+    }
+    let known = Arc::new(known);
+    head.known
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, known.clone());
+    Ok(known)
+}
+
+/// The postings dimension name of each request slot.
+pub fn slot_dim(slot: usize) -> &'static str {
+    weft_storage::request::request_dim_name(request_dims()[slot])
 }
 
 fn find_late_rows(
@@ -245,7 +307,8 @@ pub fn fix_block(
     rows: &Rows,
     columns: &mut [(usize, &mut ArrayRef)],
 ) -> Result<()> {
-    let late = late_rows(store, tenant, snapshot, head, addr, meta)?;
+    let dims: Vec<&'static str> = columns.iter().map(|(slot, _)| slot_dim(*slot)).collect();
+    let late = late_rows(store, tenant, snapshot, head, addr, meta, &dims)?;
     let late = rows.intersect(&late);
     if late.is_empty() {
         return Ok(());

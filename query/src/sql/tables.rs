@@ -146,10 +146,17 @@ impl SpansTable {
     /// the source that reads them.
     fn source(&self, pushdown: Pushdown) -> Result<(Arc<dyn ScanSource>, ScanPlan)> {
         let ctx = &self.ctx;
-        let late = |addr, meta: &weft_storage::block::BlockMeta| {
+        let late = |addr, meta: &weft_storage::block::BlockMeta, dims: &[&'static str]| {
             let head = ctx.head_requests()?;
-            request::late_rows(&ctx.store, &ctx.tenant, &ctx.snapshot, &head, addr, meta)
-                .map(|late| late.as_ref().clone())
+            request::late_rows(
+                &ctx.store,
+                &ctx.tenant,
+                &ctx.snapshot,
+                &head,
+                addr,
+                meta,
+                dims,
+            )
         };
         let plan = ScanPlan::build_with(
             &ctx.store,

@@ -314,6 +314,11 @@ fn pushdown_answers_equal_plain_scans() {
         "SELECT name, status_code, count(*) FROM spans WHERE name IN ('POST /v1/chat/completions', 'llm.generate') AND status_code IN ('OK', 'ERROR') GROUP BY 1, 2".into(),
         "SELECT span_id FROM spans WHERE service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 3".into(),
         "SELECT count(*) FROM spans WHERE name = 'no-such-span'".into(),
+        // a short IN list as the optimizer spells it (equalities joined by OR), and an OR of
+        // two columns, which no index answers
+        "SELECT name, count(*) FROM spans WHERE name = 'llm.generate' OR name = 'llm.decode.token' OR 'llm.prefill' = name GROUP BY 1".into(),
+        "SELECT count(*), count(DISTINCT trace_id) FROM spans WHERE \"request.llm.model_version\" = 'v1' AND (name = 'llm.generate' OR name = 'llm.decode.token')".into(),
+        "SELECT name, count(*) FROM spans WHERE name = 'llm.generate' OR service_name = 'llm-gateway' GROUP BY 1".into(),
         // filters the scan applies row by row (no index answers them), under a TopK too
         "SELECT span_id, duration_ns FROM spans WHERE duration_ns > 20000000 AND service_name = 'inference-engine' ORDER BY start_time DESC, span_id LIMIT 5".into(),
         "SELECT count(*), sum(duration_ns) FROM spans WHERE \"llm.lora_adapter\" <> 'sql-lora' OR duration_ns < 1000".into(),
