@@ -24,18 +24,27 @@ struct Cli {
 enum Command {
     /// Start the server (the default): OTLP receivers, storage and query API in one process.
     Serve(ServeArgs),
+    /// Rebuild the full-text index of the logs from the stored records (the server stopped),
+    /// with the same options as `serve` (`--data-dir`, …).
+    Reindex(ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Serve(args)) => args,
-        None => ServeArgs::parse_from_env(),
+    let (args, reindex) = match cli.command {
+        Some(Command::Serve(args)) => (args, false),
+        Some(Command::Reindex(args)) => (args, true),
+        None => (ServeArgs::parse_from_env(), false),
     };
     let config = Config::load(args)?;
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
         .init();
+    if reindex {
+        let windows = weft_storage::Store::rebuild_text(&config.data_dir, config.store.clone())?;
+        println!("text index rebuilt: {windows} windows");
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -214,6 +214,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_text_index_errors_total",
+        "Log text index updates that failed (mended by the next update or at start).",
+        load(&s.text_index_errors),
+    );
+    counter(
+        &mut out,
         "weft_rows_waiting_for_parent_total",
         "Rows a flush kept in the head to wait for a missing parent (once per flush).",
         load(&s.rows_waiting),

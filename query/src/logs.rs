@@ -18,7 +18,7 @@ use arrow::datatypes::Int64Type;
 use weft_storage::Store;
 use weft_storage::block::logs::{col, dim};
 use weft_storage::model::{LogRecord, TenantId, TraceId};
-use weft_storage::store::LogScan;
+use weft_storage::store::{LogScan, TextHits};
 
 use crate::error::QueryError;
 pub use text::TextQuery;
@@ -132,6 +132,10 @@ pub fn search_logs(
             .map(|s| (dim::SERVICE, vec![s.clone()]))
             .collect(),
         columns: PICK_COLUMNS.to_vec(),
+        text: match &req.q {
+            Some(q) => text_hits(store, tenant, &snapshot, q)?,
+            None => None,
+        },
     };
     let keep = |l: &LogRecord| {
         req.min_severity.is_none_or(|m| l.severity_number >= m)
@@ -205,6 +209,30 @@ pub fn search_logs(
         })
         .collect();
     Ok(LogPage { logs, next_cursor })
+}
+
+/// The rows of a snapshot's blocks that a text query matches, from the text index of each
+/// window the snapshot has blocks in (`None` when no window has an index).
+pub fn text_hits(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &weft_storage::store::Snapshot<LogRecord>,
+    q: &TextQuery,
+) -> Result<Option<std::sync::Arc<TextHits>>, QueryError> {
+    let windows: std::collections::BTreeSet<u64> =
+        snapshot.blocks.keys().map(|a| a.window).collect();
+    let query = q.to_tantivy(store.text_fields())?;
+    let mut hits = TextHits::default();
+    let mut any = false;
+    for window in windows {
+        let Some(view) = store.text_view(tenant, window)? else {
+            continue;
+        };
+        any = true;
+        hits.rows.extend(view.hits(query.as_ref())?);
+        hits.indexed.extend(view.blocks.iter().copied());
+    }
+    Ok(any.then(|| std::sync::Arc::new(hits)))
 }
 
 /// The columns a block's rows are picked by before any is decoded whole.

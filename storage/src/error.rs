@@ -36,6 +36,8 @@ pub enum StorageError {
     Panicked { what: String, message: String },
     #[error("store is shutting down")]
     ShuttingDown,
+    #[error("text index: {0}")]
+    Text(String),
 }
 
 impl StorageError {

@@ -21,6 +21,7 @@ pub mod signal;
 pub mod store;
 pub mod summary;
 pub mod terms;
+pub mod text;
 
 pub use background::{Background, TaskStats};
 pub use error::{Result, StorageError};

@@ -107,6 +107,8 @@ pub struct StoreStats {
     pub merges: AtomicU64,
     /// Retired blocks (merged or expired) whose data was deleted.
     pub blocks_deleted: AtomicU64,
+    /// Text index updates that failed (the index catches up at the next update or open).
+    pub text_index_errors: AtomicU64,
     /// When the last append was written, in milliseconds since the store opened.
     pub last_append_ms: AtomicU64,
     /// Counters of the background tasks, by name.
@@ -275,6 +277,16 @@ impl<R: Row> TenantState<R> {
 /// Blocks a flush wrote.
 type Written = Vec<(BlockAddr, Arc<BlockMeta>)>;
 
+/// Text documents of new blocks, by window and block.
+type TextDocs = BTreeMap<u64, HashMap<u64, Vec<tantivy::TantivyDocument>>>;
+
+/// What a flush of one head did.
+struct Flushed<R> {
+    written: Written,
+    kept: Option<Kept<R>>,
+    text: TextDocs,
+}
+
 /// W3C trace flags (OTLP span flags bits 8 and 9): whether the parent is remote is known, and
 /// it is.
 const REMOTE_PARENT: u32 = 0x300;
@@ -327,6 +339,11 @@ pub struct Store {
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
     pub stats: StoreStats,
+    /// Full text over log records (see [`crate::text`]).
+    text: crate::text::TextIndex,
+    /// Tests leave the text index behind the blocks here (a crash before its commit).
+    #[cfg(test)]
+    pub(crate) test_skip_text: AtomicBool,
     #[cfg(test)]
     test_write_hook: Mutex<Option<WriteHook>>,
     #[cfg(test)]
@@ -401,6 +418,7 @@ impl Store {
         let db = DB::open_cf_descriptors(&db_opts, &path, cfs)?;
         let mut sync = WriteOptions::default();
         sync.set_sync(true);
+        let text = crate::text::TextIndex::open(path.join("text"))?;
         let store = Self {
             db,
             path,
@@ -418,12 +436,16 @@ impl Store {
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
+            text,
+            #[cfg(test)]
+            test_skip_text: AtomicBool::new(false),
             #[cfg(test)]
             test_write_hook: Mutex::new(None),
             #[cfg(test)]
             test_flush_hook: Mutex::new(None),
         };
         store.recover()?;
+        store.sync_all_text()?;
         Ok(store)
     }
 
@@ -786,6 +808,7 @@ impl Store {
         };
         let mut blocks = 0;
         let mut first_error = None;
+        let mut texts = Vec::new();
         // every frozen head is either turned into blocks or put back in front of its tenant's
         // head, whatever happens to another tenant's flush (an error or a panic)
         for (tenant, head) in frozen {
@@ -799,8 +822,13 @@ impl Store {
             let mut state = self.lock();
             let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
             match result {
-                Ok((written, kept)) => {
+                Ok(Flushed {
+                    written,
+                    kept,
+                    text,
+                }) => {
                     blocks += written.len();
+                    texts.push((tenant.clone(), text));
                     if let Some(kept) = kept {
                         t.head.seen.extend(kept.rows.iter().map(Row::id));
                         t.head
@@ -829,7 +857,109 @@ impl Store {
                 }
             }
         }
+        // the new blocks are visible: their text follows (a failure is counted and mended
+        // by the next update of the window, or at open)
+        for (tenant, text) in texts {
+            for (window, docs) in text {
+                self.sync_text(&tenant, window, docs);
+            }
+        }
         first_error.map_or(Ok(blocks), Err)
+    }
+
+    /// Brings a window's text index up to the tenant's log blocks in it (documents of new
+    /// blocks from `fresh` when given, else read back from the blocks). Failures are logged
+    /// and counted, never returned: RocksDB is the source of truth and readers fall back on
+    /// matching records for blocks the index does not hold.
+    pub(crate) fn sync_text(
+        &self,
+        tenant: &TenantId,
+        window: u64,
+        mut fresh: HashMap<u64, Vec<tantivy::TantivyDocument>>,
+    ) {
+        #[cfg(test)]
+        if self.test_skip_text.load(Ordering::SeqCst) {
+            return;
+        }
+        let blocks: BTreeMap<u64, (BlockAddr, Arc<BlockMeta>)> = {
+            let state = self.lock();
+            state
+                .logs
+                .get(tenant)
+                .map(|t| {
+                    t.blocks
+                        .iter()
+                        .filter(|(a, _)| a.window == window)
+                        .map(|(a, m)| (a.block, (*a, m.clone())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let ids: std::collections::BTreeSet<u64> = blocks.keys().copied().collect();
+        let fields = self.text.fields();
+        let result = self.text.sync(tenant, window, &ids, |b| {
+            if let Some(docs) = fresh.remove(&b) {
+                return Ok(docs);
+            }
+            let (addr, meta) = &blocks[&b];
+            let rows = crate::block::logs::read(
+                &self.reader_of(tenant, Signal::Logs, *addr, meta),
+                &Rows::All,
+            )?;
+            Ok(rows
+                .iter()
+                .enumerate()
+                .map(|(i, l)| fields.doc(l, b, i as u32))
+                .collect())
+        });
+        if let Err(e) = result {
+            self.stats.text_index_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(tenant = %tenant, window, error = %e, "text index update failed");
+        }
+    }
+
+    /// Brings every window's text index up to its log blocks (at open: a crash may have
+    /// come between a block's commit and its index's).
+    pub(crate) fn sync_all_text(&self) -> Result<()> {
+        let mut windows: std::collections::BTreeSet<(TenantId, u64)> =
+            self.text.on_disk()?.into_iter().collect();
+        {
+            let state = self.lock();
+            for (tenant, t) in &state.logs {
+                windows.extend(t.blocks.keys().map(|a| (tenant.clone(), a.window)));
+            }
+        }
+        for (tenant, window) in windows {
+            self.sync_text(&tenant, window, HashMap::new());
+        }
+        Ok(())
+    }
+
+    /// Rebuilds every text index of a stopped store from its log blocks; returns how many
+    /// windows it indexed.
+    pub fn rebuild_text(path: impl AsRef<Path>, opts: StoreOptions) -> Result<usize> {
+        let text = path.as_ref().join("text");
+        if text.exists() {
+            std::fs::remove_dir_all(&text)?;
+        }
+        let store = Self::open(path, opts)?;
+        let windows = store.text.on_disk()?.len();
+        store.close()?;
+        Ok(windows)
+    }
+
+    /// What a window's text index answers now, for a reader (`None`: no index).
+    pub fn text_view(
+        &self,
+        tenant: &TenantId,
+        window: u64,
+    ) -> Result<Option<crate::text::WindowView>> {
+        self.text.view(tenant, window)
+    }
+
+    /// The text index's schema fields, to build queries.
+    pub fn text_fields(&self) -> &crate::text::TextFields {
+        self.text.fields()
     }
 
     /// Turns a frozen head into blocks, except the traces kept back to wait for a parent
@@ -839,7 +969,7 @@ impl Store {
         tenant: &TenantId,
         head: &Head<R>,
         force: bool,
-    ) -> Result<(Written, Option<Kept<R>>)> {
+    ) -> Result<Flushed<R>> {
         #[cfg(test)]
         {
             let hook = self.test_flush_hook.lock().unwrap().clone();
@@ -869,6 +999,7 @@ impl Store {
         let mut written = Vec::new();
         let mut rows = 0u64;
         let mut splits = request::SplitNotes::default();
+        let mut text: TextDocs = BTreeMap::new();
         for (window, in_window) in by_window {
             for part in R::split(in_window, self.opts.flush_rows) {
                 let addr = BlockAddr {
@@ -876,6 +1007,9 @@ impl Store {
                     block: self.next_block_id(),
                 };
                 rows += part.len() as u64;
+                if let Some(docs) = R::text_docs(self.text.fields(), &part, addr.block) {
+                    text.entry(window).or_default().insert(addr.block, docs);
+                }
                 let built = R::build_block(part, self.opts.compression)?;
                 self.note_splits(tenant, R::SIGNAL, &built, &mut splits, true)?;
                 self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
@@ -920,7 +1054,11 @@ impl Store {
             .flush_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         tracing::debug!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = written.len(), rows, kept = kept.as_ref().map_or(0, |k| k.rows.len()), "head flushed");
-        Ok((written, kept))
+        Ok(Flushed {
+            written,
+            kept,
+            text,
+        })
     }
 
     fn next_block_id(&self) -> u64 {
@@ -1401,6 +1539,15 @@ trait Lane: Row {
         Ok(Default::default())
     }
 
+    /// The text documents of a new block's rows (`None`: a signal without full text).
+    fn text_docs(
+        _fields: &crate::text::TextFields,
+        _rows: &[&Self],
+        _block: u64,
+    ) -> Option<Vec<tantivy::TantivyDocument>> {
+        None
+    }
+
     /// Traces of a head that a flush keeps back, waiting for the parent of one of their rows
     /// (none for a signal without parent links).
     fn waiting_for_parent(
@@ -1493,6 +1640,22 @@ impl Lane for LogRecord {
     fn lanes(state: &State) -> &HashMap<TenantId, TenantState<Self>> {
         &state.logs
     }
+    /// In block row order: the block sorts its rows as [`crate::block::logs::sort`] does.
+    fn text_docs(
+        fields: &crate::text::TextFields,
+        rows: &[&Self],
+        block: u64,
+    ) -> Option<Vec<tantivy::TantivyDocument>> {
+        let mut sorted = rows.to_vec();
+        crate::block::logs::sort(&mut sorted);
+        Some(
+            sorted
+                .iter()
+                .enumerate()
+                .map(|(i, l)| fields.doc(l, block, i as u32))
+                .collect(),
+        )
+    }
     fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>> {
         &mut state.logs
     }
@@ -1568,6 +1731,6 @@ mod retire;
 
 pub use request::TraceRequests;
 
-pub use logs::LogScan;
+pub use logs::{LogScan, TextHits};
 #[cfg(test)]
 mod tests;

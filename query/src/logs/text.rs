@@ -69,6 +69,30 @@ enum Token {
     Minus,
 }
 
+/// Characters a regular expression gives a meaning.
+fn regex_meta(c: char) -> bool {
+    matches!(
+        c,
+        '\\' | '.'
+            | '+'
+            | '*'
+            | '?'
+            | '('
+            | ')'
+            | '|'
+            | '['
+            | ']'
+            | '{'
+            | '}'
+            | '^'
+            | '$'
+            | '#'
+            | '&'
+            | '-'
+            | '~'
+    )
+}
+
 fn bad(detail: impl Into<String>) -> QueryError {
     QueryError::InvalidParameter {
         param: "q",
@@ -249,6 +273,108 @@ fn phrase(field: Field, text: &str) -> Result<TextQuery, QueryError> {
 }
 
 impl TextQuery {
+    /// The query as the text index runs it (the same words: see `weft_storage::text`): every
+    /// record that matches, perhaps more (a phrase is asked as its words, and left out under a
+    /// `NOT`); callers check the query on what they read.
+    pub fn to_tantivy(
+        &self,
+        fields: &weft_storage::text::TextFields,
+    ) -> Result<Box<dyn tantivy::query::Query>, QueryError> {
+        self.index_query(fields, true)
+    }
+
+    /// [`Self::to_tantivy`]; `positive`: whether a match of this part makes the record match
+    /// (false under a `NOT`), so that it is widened (true) or narrowed (false).
+    fn index_query(
+        &self,
+        fields: &weft_storage::text::TextFields,
+        positive: bool,
+    ) -> Result<Box<dyn tantivy::query::Query>, QueryError> {
+        use tantivy::Term;
+        use tantivy::query::{
+            AllQuery, BooleanQuery, EmptyQuery, Occur, Query, RegexQuery, TermQuery,
+        };
+        use tantivy::schema::IndexRecordOption;
+        let field = |f: &Field| {
+            let name = FIELDS
+                .iter()
+                .find(|(_, x)| x == f)
+                .map(|(n, _)| *n)
+                .expect("every field has a name");
+            fields.field(name).expect("every query field is indexed")
+        };
+        let not = |q: Box<dyn Query>| -> Box<dyn Query> {
+            Box::new(BooleanQuery::new(vec![
+                (Occur::Must, Box::new(AllQuery)),
+                (Occur::MustNot, q),
+            ]))
+        };
+        Ok(match self {
+            TextQuery::Term(f, t) => Box::new(TermQuery::new(
+                Term::from_field_text(field(f), t),
+                IndexRecordOption::Basic,
+            )),
+            TextQuery::Prefix(f, p) => {
+                let mut pattern = String::new();
+                for c in p.chars() {
+                    if regex_meta(c) {
+                        pattern.push('\\');
+                    }
+                    pattern.push(c);
+                }
+                pattern.push_str(".*");
+                Box::new(
+                    RegexQuery::from_pattern(&pattern, field(f))
+                        .map_err(|e| bad(format!("prefix {p:?}: {e}")))?,
+                )
+            }
+            // tantivy 0.27's phrase scorer trips over a seek backwards inside a union
+            // (`target should be greater than or equal to doc`): a phrase is asked as its words
+            TextQuery::Phrase(f, words) => match (words.as_slice(), positive) {
+                ([one], _) => Box::new(TermQuery::new(
+                    Term::from_field_text(field(f), one),
+                    IndexRecordOption::Basic,
+                )),
+                ([], _) | (_, false) => Box::new(EmptyQuery),
+                (many, true) => Box::new(BooleanQuery::new(
+                    many.iter()
+                        .map(|w| -> (Occur, Box<dyn Query>) {
+                            (
+                                Occur::Must,
+                                Box::new(TermQuery::new(
+                                    Term::from_field_text(field(f), w),
+                                    IndexRecordOption::Basic,
+                                )),
+                            )
+                        })
+                        .collect(),
+                )),
+            },
+            TextQuery::Not(inner) => not(inner.index_query(fields, !positive)?),
+            TextQuery::And(parts) => {
+                let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+                for p in parts {
+                    clauses.push(match p {
+                        TextQuery::Not(inner) => {
+                            (Occur::MustNot, inner.index_query(fields, !positive)?)
+                        }
+                        p => (Occur::Must, p.index_query(fields, positive)?),
+                    });
+                }
+                if clauses.iter().all(|(o, _)| *o == Occur::MustNot) {
+                    clauses.push((Occur::Must, Box::new(AllQuery)));
+                }
+                Box::new(BooleanQuery::new(clauses))
+            }
+            TextQuery::Or(parts) => Box::new(BooleanQuery::new(
+                parts
+                    .iter()
+                    .map(|p| Ok((Occur::Should, p.index_query(fields, positive)?)))
+                    .collect::<Result<Vec<_>, QueryError>>()?,
+            )),
+        })
+    }
+
     pub fn parse(q: &str) -> Result<Self, QueryError> {
         let mut p = Parser {
             tokens: tokens(q)?,

@@ -28,6 +28,7 @@ use weft_storage::store::{LogScan, Snapshot};
 
 use super::columns::{hex_column, list_type, map_column, map_type, timestamp_type};
 use super::pushdown::{column_of, flip, literal, nanos, text};
+use crate::logs::TextQuery;
 
 /// The SQL columns, each with the stored column it is made from.
 const COLUMNS: &[(&str, &str)] = &[
@@ -134,7 +135,46 @@ fn scan_of(filters: &[Expr]) -> LogScan {
 }
 
 fn pushable(e: &Expr) -> bool {
-    narrow(&mut LogScan::default(), e)
+    narrow(&mut LogScan::default(), e) || text_query(e).is_some()
+}
+
+/// `matches(body, '…')` as the text query it runs (body-only queries; the function refuses
+/// others).
+fn text_query(e: &Expr) -> Option<TextQuery> {
+    let Expr::ScalarFunction(f) = e else {
+        return None;
+    };
+    if f.name() != "matches" || f.args.len() != 2 || column_of(&f.args[0]) != Some("body") {
+        return None;
+    }
+    let q = literal(&f.args[1]).and_then(text)?;
+    TextQuery::parse(&q).ok().filter(TextQuery::body_only)
+}
+
+/// The text queries among a scan's filters (and their conjuncts), as one.
+fn text_queries(filters: &[Expr]) -> Option<TextQuery> {
+    fn walk(e: &Expr, out: &mut Vec<TextQuery>) {
+        if let Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) = e
+        {
+            walk(left, out);
+            walk(right, out);
+        } else if let Some(q) = text_query(e) {
+            out.push(q);
+        }
+    }
+    let mut all = Vec::new();
+    for f in filters {
+        walk(f, &mut all);
+    }
+    match all.len() {
+        0 => None,
+        1 => all.pop(),
+        _ => Some(TextQuery::And(all)),
+    }
 }
 
 /// Narrows the scan by one conjunct; whether it could.
@@ -263,11 +303,19 @@ impl TableProvider for LogsTable {
             self.tenant.clone(),
             self.snapshot.clone(),
         );
-        let stored =
-            tokio::task::spawn_blocking(move || store.scan_logs(&tenant, &snapshot, &scan))
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let text = text_queries(filters);
+        let stored = tokio::task::spawn_blocking(move || {
+            // rows of indexed blocks the text index does not match are not read
+            if let Some(q) = text {
+                scan.text = crate::logs::text_hits(&store, &tenant, &snapshot, &q)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
+            store
+                .scan_logs(&tenant, &snapshot, &scan)
+                .map_err(|e| DataFusionError::External(Box::new(e)))
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))??;
         let projected = Arc::new(self.schema.project(&wanted)?);
         let batches = stored
             .iter()

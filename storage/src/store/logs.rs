@@ -17,6 +17,25 @@ pub struct LogScan {
     pub terms: Vec<(&'static str, Vec<String>)>,
     /// Columns of [`col::ALL`] to return; all of them when empty.
     pub columns: Vec<&'static str>,
+    /// Rows a text query matches, from the text index: a block it holds is read at those rows
+    /// only (the caller still checks the query on what it reads).
+    pub text: Option<std::sync::Arc<TextHits>>,
+}
+
+/// What the text index answered for a query: the blocks it holds and their matching rows.
+#[derive(Clone, Debug, Default)]
+pub struct TextHits {
+    pub indexed: std::collections::HashSet<u64>,
+    pub rows: HashMap<u64, RoaringBitmap>,
+}
+
+impl TextHits {
+    /// The matching rows of a block, `None` when the index does not hold it.
+    pub fn of(&self, block: u64) -> Option<RoaringBitmap> {
+        self.indexed
+            .contains(&block)
+            .then(|| self.rows.get(&block).cloned().unwrap_or_default())
+    }
 }
 
 impl LogScan {
@@ -199,6 +218,9 @@ impl Store {
         scan: &LogScan,
     ) -> Result<Option<Rows>> {
         let mut sets = Vec::new();
+        if let Some(hits) = scan.text.as_ref().and_then(|h| h.of(addr.block)) {
+            sets.push(hits);
+        }
         for (d, terms) in &scan.terms {
             let postings = self.dimension_in(tenant, Signal::Logs, addr, d)?;
             sets.push(terms::rows_with_any(&postings, terms).into_owned());

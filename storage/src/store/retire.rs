@@ -45,12 +45,23 @@ impl Store {
         let mut state = self.lock();
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let blocks = Arc::make_mut(&mut t.blocks);
+        let windows: std::collections::BTreeSet<u64> = new
+            .iter()
+            .map(|(a, _)| a.window)
+            .chain(out.iter().map(|a| a.window))
+            .collect();
         blocks.extend(new);
         let gone: Vec<Retired> = out
             .iter()
             .filter_map(|addr| Some((tenant.clone(), R::SIGNAL, *addr, blocks.remove(addr)?)))
             .collect();
         state.retired.extend(gone);
+        drop(state);
+        if R::SIGNAL == Signal::Logs {
+            for window in windows {
+                self.sync_text(tenant, window, HashMap::new());
+            }
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ const T0: u64 = 1_700_000_000_000_000_000;
 
 /// Log records of a few services and severities, some tied to a trace, some with a
 /// structured body, some with nothing but a time.
-fn random_logs(seed: u64, n: usize) -> Vec<LogRecord> {
+pub(super) fn random_logs(seed: u64, n: usize) -> Vec<LogRecord> {
     let mut rng = StdRng::seed_from_u64(seed);
     let services: Vec<Arc<Resource>> = ["gateway", "vllm", "retriever"]
         .iter()
@@ -178,6 +178,7 @@ fn a_log_scan_by_time_and_terms_agrees_with_a_naive_filter() {
             to,
             terms: terms.clone(),
             columns: vec![col::TIME, col::SERVICE],
+            text: None,
         };
         let batches = store.scan_logs(&t, &snapshot, &scan).unwrap();
         let mut got: Vec<i64> = batches
@@ -258,8 +259,13 @@ fn small_log_blocks_are_merged_and_windows_out_of_retention_deleted() {
     let snapshot = store.log_snapshot(&t);
     let seen = scanned_rows(&store.scan_logs(&t, &snapshot, &LogScan::default()).unwrap());
     assert_eq!(seen, 300, "only window 1 is readable");
+    assert!(store.text_view(&t, t0).unwrap().is_some());
     store.enforce_retention().unwrap();
     assert_eq!(store.log_snapshot(&t).blocks.len(), 1);
+    // the window's text index went with its blocks; the other one holds its merged block
+    assert!(store.text_view(&t, t0).unwrap().is_none());
+    let view = store.text_view(&t, t0 + H).unwrap().unwrap();
+    assert_eq!(view.blocks.len(), 1);
     assert_eq!(store.snapshot(&t).blocks.len(), 1, "the span block stays");
     let left = all_logs(&store, &t);
     assert!(left.iter().all(|l| l.time.0 >= t0 + H) && left.len() == 300);
