@@ -70,6 +70,11 @@ pub(crate) async fn ingest_logs(
         "on disk right after a clean stop: {after_stop} bytes = {:.1} bytes/record",
         after_stop as f64 / records as f64
     );
+    let text = dir_bytes(&dir.join("text"));
+    println!(
+        "of which the text index: {text} bytes = {:.1} bytes/record",
+        text as f64 / records as f64
+    );
     let (mut server, _) = start_server(&bin, &dir, &extra).await?;
     if searches > 0 {
         let client = Client::new();
