@@ -123,7 +123,7 @@ pub fn search_logs(
     req: &LogSearch,
 ) -> Result<LogPage, QueryError> {
     let snapshot = store.log_snapshot(tenant);
-    let scan = LogScan {
+    let mut scan = LogScan {
         from: req.start,
         to: req.end.map(|e| e.saturating_sub(1)),
         terms: req
@@ -132,11 +132,11 @@ pub fn search_logs(
             .map(|s| (dim::SERVICE, vec![s.clone()]))
             .collect(),
         columns: PICK_COLUMNS.to_vec(),
-        text: match &req.q {
-            Some(q) => text_hits(store, tenant, &snapshot, q)?,
-            None => None,
-        },
+        text: None,
     };
+    if let Some(q) = &req.q {
+        scan.text = text_hits(store, tenant, &snapshot, &scan, q)?;
+    }
     let keep = |l: &LogRecord| {
         req.min_severity.is_none_or(|m| l.severity_number >= m)
             && req.cursor.is_none_or(|c| LogCursor::of(l) < c)
@@ -212,15 +212,23 @@ pub fn search_logs(
 }
 
 /// The rows of a snapshot's blocks that a text query matches, from the text index of each
-/// window the snapshot has blocks in (`None` when no window has an index).
+/// window with blocks that the scan's time range reaches (`None` when no such window has an
+/// index).
 pub fn text_hits(
     store: &Store,
     tenant: &TenantId,
     snapshot: &weft_storage::store::Snapshot<LogRecord>,
+    scan: &LogScan,
     q: &TextQuery,
 ) -> Result<Option<std::sync::Arc<TextHits>>, QueryError> {
-    let windows: std::collections::BTreeSet<u64> =
-        snapshot.blocks.keys().map(|a| a.window).collect();
+    let windows: std::collections::BTreeSet<u64> = snapshot
+        .blocks
+        .iter()
+        .filter(|(_, m)| {
+            scan.from.is_none_or(|f| m.max_start >= f) && scan.to.is_none_or(|t| m.min_start <= t)
+        })
+        .map(|(a, _)| a.window)
+        .collect();
     let query = q.to_tantivy(store.text_fields())?;
     let mut hits = TextHits::default();
     let mut any = false;

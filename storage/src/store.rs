@@ -860,22 +860,22 @@ impl Store {
         // the new blocks are visible: their text follows (a failure is counted and mended
         // by the next update of the window, or at open)
         for (tenant, text) in texts {
-            for (window, docs) in text {
-                self.sync_text(&tenant, window, docs);
+            for (window, mut docs) in text {
+                self.sync_text(&tenant, window, &mut docs);
             }
         }
         first_error.map_or(Ok(blocks), Err)
     }
 
     /// Brings a window's text index up to the tenant's log blocks in it (documents of new
-    /// blocks from `fresh` when given, else read back from the blocks). Failures are logged
+    /// blocks taken from `fresh` when there, else read back from the blocks). Failures are logged
     /// and counted, never returned: RocksDB is the source of truth and readers fall back on
     /// matching records for blocks the index does not hold.
     pub(crate) fn sync_text(
         &self,
         tenant: &TenantId,
         window: u64,
-        mut fresh: HashMap<u64, Vec<tantivy::TantivyDocument>>,
+        fresh: &mut HashMap<u64, Vec<tantivy::TantivyDocument>>,
     ) {
         #[cfg(test)]
         if self.test_skip_text.load(Ordering::SeqCst) {
@@ -930,7 +930,7 @@ impl Store {
             }
         }
         for (tenant, window) in windows {
-            self.sync_text(&tenant, window, HashMap::new());
+            self.sync_text(&tenant, window, &mut HashMap::new());
         }
         Ok(())
     }

@@ -287,7 +287,6 @@ impl TextIndex {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&(tenant.clone(), window));
-            drop(w.view.lock().unwrap_or_else(|e| e.into_inner()));
             std::fs::remove_dir_all(&w.dir)?;
             return Ok(());
         }

@@ -54,9 +54,8 @@ const FIELDS: &[(&str, Field)] = &[
 
 /// The words of a text, lower-cased.
 pub fn words(text: &str) -> Vec<String> {
-    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
+    weft_storage::text::tokenizer::words(text)
+        .map(|(_, w)| w.to_lowercase())
         .collect()
 }
 

@@ -307,7 +307,7 @@ impl TableProvider for LogsTable {
         let stored = tokio::task::spawn_blocking(move || {
             // rows of indexed blocks the text index does not match are not read
             if let Some(q) = text {
-                scan.text = crate::logs::text_hits(&store, &tenant, &snapshot, &q)
+                scan.text = crate::logs::text_hits(&store, &tenant, &snapshot, &scan, &q)
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
             }
             store

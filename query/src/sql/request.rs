@@ -188,23 +188,9 @@ pub fn late_rows(
     meta: &BlockMeta,
     dims: &[&'static str],
 ) -> Result<RoaringBitmap> {
-    let cached = head
-        .late
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&addr)
-        .cloned();
-    let open = match cached {
-        Some(late) => late,
-        None => {
-            let late = Arc::new(find_late_rows(store, tenant, snapshot, head, addr, meta)?);
-            head.late
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(addr, late.clone());
-            late
-        }
-    };
+    let open = cached(&head.late, addr, || {
+        find_late_rows(store, tenant, snapshot, head, addr, meta)
+    })?;
     let mut late = open.as_ref().clone();
     if late.is_empty() {
         return Ok(late);
@@ -231,28 +217,33 @@ fn known_rows(
     addr: BlockAddr,
     dim: &'static str,
 ) -> Result<Arc<RoaringBitmap>> {
-    let key = (addr, dim);
-    if let Some(k) = head
-        .known
+    cached(&head.known, (addr, dim), || {
+        let postings = store
+            .dimension_shared(tenant, addr, dim)
+            .map_err(storage_err)?;
+        let mut known = RoaringBitmap::new();
+        for (_, rows) in postings.iter() {
+            known |= rows;
+        }
+        Ok(known)
+    })
+}
+
+/// A per-query cache's bitmap for `key`, computed on first use.
+fn cached<K: std::hash::Hash + Eq>(
+    cache: &Mutex<HashMap<K, Arc<RoaringBitmap>>>,
+    key: K,
+    compute: impl FnOnce() -> Result<RoaringBitmap>,
+) -> Result<Arc<RoaringBitmap>> {
+    if let Some(hit) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(hit.clone());
+    }
+    let computed = Arc::new(compute()?);
+    cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-    {
-        return Ok(k.clone());
-    }
-    let postings = store
-        .dimension_shared(tenant, addr, dim)
-        .map_err(storage_err)?;
-    let mut known = RoaringBitmap::new();
-    for (_, rows) in postings.iter() {
-        known |= rows;
-    }
-    let known = Arc::new(known);
-    head.known
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, known.clone());
-    Ok(known)
+        .insert(key, computed.clone());
+    Ok(computed)
 }
 
 /// The postings dimension name of each request slot.

@@ -40,7 +40,7 @@ impl Store {
             for addr in addrs {
                 self.stage_retire(&mut batch, tenant, R::SIGNAL, *addr);
             }
-            self.replace_blocks::<R>(tenant, batch, Vec::new(), addrs)?;
+            self.replace_blocks::<R>(tenant, batch, Vec::new(), addrs, HashMap::new())?;
             self.stats
                 .blocks_expired
                 .fetch_add(addrs.len() as u64, Ordering::Relaxed);

@@ -119,11 +119,15 @@ impl Store {
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
         let mut splits = super::request::SplitNotes::default();
+        let mut text = HashMap::new();
         for part in R::split(rows.iter().collect(), self.opts.flush_rows) {
             let addr = BlockAddr {
                 window,
                 block: self.next_block_id(),
             };
+            if let Some(docs) = R::text_docs(self.text.fields(), &part, addr.block) {
+                text.insert(addr.block, docs);
+            }
             let built = R::build_block(part, self.opts.compression)?;
             self.note_splits(tenant, R::SIGNAL, &built, &mut splits, false)?;
             self.stage_block(&mut batch, tenant, R::SIGNAL, addr, &built)?;
@@ -135,7 +139,7 @@ impl Store {
         }
         let new_blocks = written.len();
         let out: Vec<BlockAddr> = group.iter().map(|(addr, _)| *addr).collect();
-        self.replace_blocks::<R>(tenant, batch, written, &out)?;
+        self.replace_blocks::<R>(tenant, batch, written, &out, text)?;
         self.remember_splits(tenant, splits);
         self.stats.merges.fetch_add(1, Ordering::Relaxed);
         self.stats

@@ -40,6 +40,7 @@ impl Store {
         batch: WriteBatch,
         new: Vec<(BlockAddr, Arc<BlockMeta>)>,
         out: &[BlockAddr],
+        mut text: HashMap<u64, Vec<tantivy::TantivyDocument>>,
     ) -> Result<()> {
         self.db.write_opt(batch, &self.sync)?;
         let mut state = self.lock();
@@ -59,7 +60,7 @@ impl Store {
         drop(state);
         if R::SIGNAL == Signal::Logs {
             for window in windows {
-                self.sync_text(tenant, window, HashMap::new());
+                self.sync_text(tenant, window, &mut text);
             }
         }
         Ok(())

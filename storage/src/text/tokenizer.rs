@@ -24,34 +24,27 @@ pub struct WordStream {
     at: usize,
 }
 
-/// The tokens of a text (what [`Words`] yields), for tests and for queries.
+/// The words of a text as the log query language cuts them (runs of letters, digits and `_`),
+/// each with its byte offset.
+pub fn words(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .map(move |w| (w.as_ptr() as usize - text.as_ptr() as usize, w))
+}
+
+/// The tokens of a text (what [`Words`] yields): its [`words`], lower-cased, and with `whole`
+/// the whole text lower-cased after them when it is not one of them.
 pub fn tokens(text: &str, whole: bool) -> Vec<Token> {
-    let mut out = Vec::new();
-    let mut start = None;
-    let push = |from: usize, to: usize, out: &mut Vec<Token>| {
-        let position = out.len();
-        out.push(Token {
+    let mut out: Vec<Token> = words(text)
+        .enumerate()
+        .map(|(position, (from, w))| Token {
             offset_from: from,
-            offset_to: to,
+            offset_to: from + w.len(),
             position,
-            text: text[from..to].to_lowercase(),
+            text: w.to_lowercase(),
             position_length: 1,
-        });
-    };
-    for (i, c) in text.char_indices() {
-        let word = c.is_alphanumeric() || c == '_';
-        match (word, start) {
-            (true, None) => start = Some(i),
-            (false, Some(s)) => {
-                push(s, i, &mut out);
-                start = None;
-            }
-            _ => {}
-        }
-    }
-    if let Some(s) = start {
-        push(s, text.len(), &mut out);
-    }
+        })
+        .collect();
     if whole && !text.is_empty() {
         let lower = text.to_lowercase();
         if !out.iter().any(|t| t.text == lower) {
