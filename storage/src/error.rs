@@ -36,6 +36,8 @@ pub enum StorageError {
     Panicked { what: String, message: String },
     #[error("store is shutting down")]
     ShuttingDown,
+    #[error("tenant {tenant} has 4,294,967,295 metric series, the most a tenant can hold")]
+    TooManySeries { tenant: String },
     #[error("text index: {0}")]
     Text(String),
 }

@@ -13,6 +13,7 @@
 //! trace-id := tenant signal 'X' trace:16 window:u64be block:u64be  (value: that trace's summary)
 //! grave    := tenant signal 'G' window:u64be block:u64be       (column family "meta", empty value)
 //! split    := tenant signal 'J' trace:16                       (column family "meta", empty value)
+//! series   := tenant signal 'R' series:u32be                   (column family "meta", a metric series)
 //! format   := 0x00 "weft.format"                               (column family "meta")
 //! ```
 //! All integers are big-endian so that byte order is numeric order: the blocks of one time
@@ -41,6 +42,8 @@ pub const GRAVE: u8 = b'G';
 /// A trace whose rows are in more than one block (column family "meta"): its request
 /// dimensions are resolved over all of them (see `crate::request`).
 pub const SPLIT: u8 = b'J';
+/// A metric series of the tenant's catalog, by id (column family "meta").
+pub const SERIES: u8 = b'R';
 
 /// What kind of telemetry rows are: each signal has its own schema and its own key range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -109,6 +112,12 @@ pub fn block_key(tenant: &TenantId, signal: Signal, kind: u8, addr: BlockAddr) -
 pub fn chunk(tenant: &TenantId, signal: Signal, addr: BlockAddr, column: &str) -> Vec<u8> {
     let mut k = block_key(tenant, signal, CHUNK, addr);
     k.extend_from_slice(column.as_bytes());
+    k
+}
+
+pub fn series(tenant: &TenantId, id: u32) -> Vec<u8> {
+    let mut k = kind_prefix(tenant, Signal::Metrics, SERIES);
+    k.extend_from_slice(&id.to_be_bytes());
     k
 }
 

@@ -10,7 +10,11 @@ use std::sync::Arc;
 use crate::error::{Result, StorageError};
 
 mod log;
+mod metric;
 pub use log::{LogClass, LogRecord, LogSemantics};
+pub use metric::{
+    Exemplar, ExpBuckets, MetricKind, MetricPoint, PointValue, Series, SeriesId, Temporality,
+};
 
 /// The tenant a row belongs to; the first component of every key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

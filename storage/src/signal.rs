@@ -12,7 +12,7 @@ use crate::block::format::Compression;
 use crate::block::{BlockReader, BuiltBlock, reader::Rows};
 use crate::error::Result;
 use crate::keys::Signal;
-use crate::model::{LogRecord, SpanId, SpanRecord, TraceId, UnixNanos};
+use crate::model::{LogRecord, MetricPoint, SeriesId, SpanId, SpanRecord, TraceId, UnixNanos};
 use crate::store::ChunkFetcher;
 
 /// A row of a signal.
@@ -109,5 +109,33 @@ impl Row for LogRecord {
     }
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         crate::block::logs::read(reader, &Rows::All)
+    }
+}
+
+impl Row for MetricPoint {
+    const SIGNAL: Signal = Signal::Metrics;
+    /// One value per series and instant, as Prometheus has it.
+    type Id = (SeriesId, u64);
+
+    fn id(&self) -> Self::Id {
+        (self.series, self.time.0)
+    }
+    fn time(&self) -> UnixNanos {
+        self.time
+    }
+    fn trace_id(&self) -> Option<TraceId> {
+        None
+    }
+    fn encode_rows(rows: &[Self]) -> Vec<u8> {
+        crate::codec::encode_points(rows)
+    }
+    fn decode_rows(bytes: &[u8]) -> Result<Vec<Self>> {
+        crate::codec::decode_points(bytes)
+    }
+    fn build_block(rows: Vec<&Self>, compression: Compression) -> Result<BuiltBlock> {
+        crate::block::metrics::build(rows, compression)
+    }
+    fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
+        crate::block::metrics::read(reader, &Rows::All)
     }
 }

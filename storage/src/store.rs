@@ -29,7 +29,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Result, StorageError};
 use crate::head::{Head, HeadSnapshot};
 use crate::keys::{self, BlockAddr, Signal};
-use crate::model::{LogRecord, SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
+use crate::model::{LogRecord, MetricPoint, SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
 use crate::retention::Retention;
 use crate::signal::Row;
 use crate::terms::{self, TermFilter};
@@ -107,6 +107,8 @@ pub struct StoreStats {
     pub merges: AtomicU64,
     /// Retired blocks (merged or expired) whose data was deleted.
     pub blocks_deleted: AtomicU64,
+    /// Metric series registered.
+    pub series_created: AtomicU64,
     /// Text index updates that failed (the index catches up at the next update or open).
     pub text_index_errors: AtomicU64,
     /// When the last append was written, in milliseconds since the store opened.
@@ -305,6 +307,7 @@ struct Kept<R> {
 struct State {
     spans: HashMap<TenantId, TenantState<SpanRecord>>,
     logs: HashMap<TenantId, TenantState<LogRecord>>,
+    metrics: HashMap<TenantId, TenantState<MetricPoint>>,
     /// Blocks merged or out of retention, deleted once no reader holds them.
     retired: Vec<retire::Retired>,
     /// Per tenant, the traces whose span rows are in more than one block.
@@ -341,6 +344,8 @@ pub struct Store {
     pub stats: StoreStats,
     /// Full text over log records (see [`crate::text`]).
     text: crate::text::TextIndex,
+    /// Each tenant's metric series (see [`metrics`]).
+    series: metrics::Catalogs,
     /// Tests leave the text index behind the blocks here (a crash before its commit).
     #[cfg(test)]
     pub(crate) test_skip_text: AtomicBool,
@@ -437,6 +442,7 @@ impl Store {
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
             text,
+            series: Default::default(),
             #[cfg(test)]
             test_skip_text: AtomicBool::new(false),
             #[cfg(test)]
@@ -520,6 +526,14 @@ impl Store {
                 Arc::make_mut(state.splits.entry(tenant).or_default()).insert(TraceId(trace));
                 continue;
             }
+            if parts.kind == keys::SERIES {
+                let id = <[u8; 4]>::try_from(parts.rest)
+                    .map_err(|_| StorageError::corrupt("series key", hex::encode(&key)))?;
+                let series = crate::codec::decode_series(&value)?;
+                self.series
+                    .load(TenantId::new(parts.tenant)?, u32::from_be_bytes(id), series)?;
+                continue;
+            }
             let addr = keys::read_addr(parts.rest)
                 .ok_or_else(|| StorageError::corrupt("meta key", hex::encode(&key)))?;
             let tenant = TenantId::new(parts.tenant)?;
@@ -532,7 +546,7 @@ impl Store {
             match parts.signal {
                 Signal::Spans => SpanRecord::insert_block(&mut state, tenant, addr, meta),
                 Signal::Logs => LogRecord::insert_block(&mut state, tenant, addr, meta),
-                Signal::Metrics => return Err(unreadable("meta key", parts.signal)),
+                Signal::Metrics => MetricPoint::insert_block(&mut state, tenant, addr, meta),
             }
         }
         let now = Instant::now();
@@ -546,13 +560,14 @@ impl Store {
             match parts.signal {
                 Signal::Spans => SpanRecord::replay(&mut state, tenant, &key, &value, now)?,
                 Signal::Logs => LogRecord::replay(&mut state, tenant, &key, &value, now)?,
-                Signal::Metrics => return Err(unreadable("head key", parts.signal)),
+                Signal::Metrics => MetricPoint::replay(&mut state, tenant, &key, &value, now)?,
             }
             state.next_seq = state.next_seq.max(seq + 1);
         }
         let due = now.checked_sub(self.opts.flush_age).unwrap_or(now);
-        let replayed =
-            SpanRecord::after_replay(&mut state, due) + LogRecord::after_replay(&mut state, due);
+        let replayed = SpanRecord::after_replay(&mut state, due)
+            + LogRecord::after_replay(&mut state, due)
+            + MetricPoint::after_replay(&mut state, due);
         let blocks = self.block_count_in(&state);
         drop(state);
         if !graves.is_empty() {
@@ -775,6 +790,7 @@ impl Store {
         let state = self.lock();
         state.spans.values().any(|t| self.head_due(&t.head))
             || state.logs.values().any(|t| self.head_due(&t.head))
+            || state.metrics.values().any(|t| self.head_due(&t.head))
     }
 
     fn head_due<R: Row>(&self, head: &Head<R>) -> bool {
@@ -789,7 +805,8 @@ impl Store {
         let _one_at_a_time = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         let spans = self.flush_signal::<SpanRecord>(force);
         let logs = self.flush_signal::<LogRecord>(force);
-        Ok(spans? + logs?)
+        let metrics = self.flush_signal::<MetricPoint>(force);
+        Ok(spans? + logs? + metrics?)
     }
 
     /// Flushes the due heads of one signal.
@@ -1500,7 +1517,13 @@ impl Store {
 
     fn block_count_in(&self, state: &State) -> usize {
         let spans: usize = state.spans.values().map(|t| t.blocks.len()).sum();
-        spans + state.logs.values().map(|t| t.blocks.len()).sum::<usize>()
+        spans
+            + state.logs.values().map(|t| t.blocks.len()).sum::<usize>()
+            + state
+                .metrics
+                .values()
+                .map(|t| t.blocks.len())
+                .sum::<usize>()
     }
 
     /// Stops accepting appends and flushes everything held in memory.
@@ -1515,13 +1538,6 @@ impl Store {
             .compact_range_cf(self.cf(CF_HEAD), None::<&[u8]>, None::<&[u8]>);
         Ok(())
     }
-}
-
-fn unreadable(what: &'static str, signal: Signal) -> StorageError {
-    StorageError::corrupt(
-        what,
-        format!("signal {} has no reader in this build", signal.name()),
-    )
 }
 
 /// A signal's place in the store's state, and what its rows need of the store. Private: the
@@ -1661,6 +1677,15 @@ impl Lane for LogRecord {
     }
 }
 
+impl Lane for MetricPoint {
+    fn lanes(state: &State) -> &HashMap<TenantId, TenantState<Self>> {
+        &state.metrics
+    }
+    fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>> {
+        &mut state.metrics
+    }
+}
+
 /// Reads column chunks of one block from RocksDB.
 pub struct ChunkFetcher<'a> {
     store: &'a Store,
@@ -1726,11 +1751,13 @@ impl ChunkSource for ChunkFetcher<'_> {
 mod expire;
 mod logs;
 mod merge;
+mod metrics;
 mod request;
 mod retire;
 
 pub use request::TraceRequests;
 
 pub use logs::{LogScan, TextHits};
+pub use metrics::{MetricScan, SeriesCatalog};
 #[cfg(test)]
 mod tests;

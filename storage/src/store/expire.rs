@@ -12,6 +12,7 @@ impl Store {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
         self.expire_signal::<SpanRecord>()?;
         self.expire_signal::<LogRecord>()?;
+        self.expire_signal::<MetricPoint>()?;
         self.delete_retired()
     }
 

@@ -47,7 +47,8 @@ impl Store {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
         let spans = self.merge_signal::<SpanRecord>()?;
         let logs = self.merge_signal::<LogRecord>()?;
-        Ok(self.delete_retired()? || spans || logs)
+        let metrics = self.merge_signal::<MetricPoint>()?;
+        Ok(self.delete_retired()? || spans || logs || metrics)
     }
 
     fn merge_signal<R: Lane>(&self) -> Result<bool> {

@@ -9,6 +9,7 @@ use crate::model::*;
 use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 
 mod logs;
+mod metrics;
 mod text;
 mod waiting;
 

@@ -1,0 +1,415 @@
+//! Metric series and reading their points.
+//!
+//! Each tenant has a catalog of series: a series gets the next id the first time a point of it
+//! arrives, is written (synced) to the meta column family under `keys::series` before any
+//! point that refers to it, and is loaded at open. In memory the catalog maps a series'
+//! identity to its id, and holds roaring-bitmap postings from metric names and label pairs to
+//! series ids, so that a selector resolves to series without reading a point. Points are read
+//! by one scan over a snapshot's blocks and head rows, by time range and series set, to Arrow
+//! columns; head rows go through the block's own column builders ([`MetricColumns`]).
+
+use std::sync::RwLock;
+
+use arrow::array::{ArrayRef, RecordBatch};
+
+use super::*;
+use crate::block::metrics::{self, MetricColumns, col};
+use crate::model::{Series, SeriesId};
+
+/// One tenant's series.
+#[derive(Debug, Default)]
+pub struct SeriesCatalog {
+    ids: rustc_hash::FxHashMap<Vec<u8>, SeriesId>,
+    series: Vec<Arc<Series>>,
+    names: BTreeMap<String, RoaringBitmap>,
+    labels: BTreeMap<String, BTreeMap<String, RoaringBitmap>>,
+}
+
+impl SeriesCatalog {
+    fn insert(&mut self, id: SeriesId, series: Series) -> Result<()> {
+        if id as usize != self.series.len() {
+            return Err(StorageError::corrupt(
+                "series catalog",
+                format!("series {id} follows {} series", self.series.len()),
+            ));
+        }
+        self.ids.insert(series.identity(), id);
+        self.names
+            .entry(series.name.clone())
+            .or_default()
+            .insert(id);
+        for (k, v) in &series.labels {
+            self.labels
+                .entry(k.clone())
+                .or_default()
+                .entry(v.clone())
+                .or_default()
+                .insert(id);
+        }
+        self.series.push(Arc::new(series));
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+
+    pub fn get(&self, id: SeriesId) -> Option<&Arc<Series>> {
+        self.series.get(id as usize)
+    }
+
+    /// Every series id.
+    pub fn all(&self) -> RoaringBitmap {
+        let mut out = RoaringBitmap::new();
+        out.insert_range(0..self.series.len() as u32);
+        out
+    }
+
+    /// Metric names with their series.
+    pub fn names(&self) -> &BTreeMap<String, RoaringBitmap> {
+        &self.names
+    }
+
+    /// The series of a metric name.
+    pub fn named(&self, name: &str) -> RoaringBitmap {
+        self.names.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Label keys, each with its values and their series.
+    pub fn labels(&self) -> &BTreeMap<String, BTreeMap<String, RoaringBitmap>> {
+        &self.labels
+    }
+
+    /// The series having a label with that value.
+    pub fn with_label(&self, key: &str, value: &str) -> RoaringBitmap {
+        self.labels
+            .get(key)
+            .and_then(|values| values.get(value))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The series having the label at all.
+    pub fn having(&self, key: &str) -> RoaringBitmap {
+        self.labels
+            .get(key)
+            .map(|values| values.values().fold(RoaringBitmap::new(), |a, b| a | b))
+            .unwrap_or_default()
+    }
+}
+
+/// Every tenant's catalog.
+#[derive(Default)]
+pub(crate) struct Catalogs {
+    tenants: Mutex<HashMap<TenantId, Arc<RwLock<SeriesCatalog>>>>,
+    /// Registrations of new series, one at a time (ids are given in order).
+    registering: Mutex<()>,
+}
+
+impl Catalogs {
+    fn of(&self, tenant: &TenantId) -> Arc<RwLock<SeriesCatalog>> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        tenants.entry(tenant.clone()).or_default().clone()
+    }
+
+    fn get(&self, tenant: &TenantId) -> Option<Arc<RwLock<SeriesCatalog>>> {
+        let tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        tenants.get(tenant).cloned()
+    }
+
+    /// A series read from the meta column family at open.
+    pub(crate) fn load(&self, tenant: TenantId, id: SeriesId, series: Series) -> Result<()> {
+        let catalog = self.of(&tenant);
+        let mut catalog = catalog.write().unwrap_or_else(|e| e.into_inner());
+        catalog.insert(id, series)
+    }
+}
+
+/// What a metric scan reads: a time range (inclusive, Unix nanoseconds), the series (all when
+/// `None`) and the columns of [`col::ALL`] to return (all when empty; `series` and `time`
+/// always come first).
+#[derive(Clone, Debug, Default)]
+pub struct MetricScan {
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    pub series: Option<RoaringBitmap>,
+    pub columns: Vec<&'static str>,
+}
+
+impl MetricScan {
+    fn in_range(&self, t: u64) -> bool {
+        self.from.is_none_or(|f| t >= f) && self.to.is_none_or(|e| t <= e)
+    }
+
+    fn overlaps(&self, meta: &BlockMeta) -> bool {
+        self.from.is_none_or(|f| meta.max_start >= f) && self.to.is_none_or(|e| meta.min_start <= e)
+    }
+
+    fn covers(&self, meta: &BlockMeta) -> bool {
+        self.in_range(meta.min_start) && self.in_range(meta.max_start)
+    }
+
+    /// The columns returned, `series` and `time` first.
+    pub fn columns(&self) -> Vec<&'static str> {
+        let mut out = vec![col::SERIES, col::TIME];
+        let asked: &[&'static str] = if self.columns.is_empty() {
+            &col::ALL
+        } else {
+            &self.columns
+        };
+        for c in asked {
+            if !out.contains(c) {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn matches(&self, p: &MetricPoint) -> bool {
+        self.in_range(p.time.0) && self.series.as_ref().is_none_or(|s| s.contains(p.series))
+    }
+}
+
+impl Store {
+    /// The ids of series (given in the order of `series`), registering the new ones: they are
+    /// written, synced, before this returns, so that a point referring to them is never
+    /// durable without them.
+    pub fn register_series(&self, tenant: &TenantId, series: &[Series]) -> Result<Vec<SeriesId>> {
+        let catalog = self.series.of(tenant);
+        let identities: Vec<Vec<u8>> = series.iter().map(Series::identity).collect();
+        let lookup = |c: &SeriesCatalog| -> Vec<Option<SeriesId>> {
+            identities.iter().map(|i| c.ids.get(i).copied()).collect()
+        };
+        let found = lookup(&catalog.read().unwrap_or_else(|e| e.into_inner()));
+        if found.iter().all(Option::is_some) {
+            return Ok(found.into_iter().flatten().collect());
+        }
+        let _one_at_a_time = self
+            .series
+            .registering
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut found = lookup(&catalog.read().unwrap_or_else(|e| e.into_inner()));
+        let mut next = catalog.read().unwrap_or_else(|e| e.into_inner()).len() as u64;
+        let mut fresh: Vec<(SeriesId, Series)> = Vec::new();
+        let mut batch = WriteBatch::default();
+        let mut assigned: rustc_hash::FxHashMap<&[u8], SeriesId> = Default::default();
+        for (i, s) in series.iter().enumerate() {
+            if found[i].is_some() {
+                continue;
+            }
+            if let Some(id) = assigned.get(identities[i].as_slice()) {
+                found[i] = Some(*id);
+                continue;
+            }
+            let id = SeriesId::try_from(next).map_err(|_| StorageError::TooManySeries {
+                tenant: tenant.to_string(),
+            })?;
+            next += 1;
+            batch.put_cf(
+                self.cf(CF_META),
+                keys::series(tenant, id),
+                crate::codec::encode_series(s),
+            );
+            assigned.insert(&identities[i], id);
+            fresh.push((id, s.clone()));
+            found[i] = Some(id);
+        }
+        self.db.write_opt(batch, &self.sync)?;
+        let mut c = catalog.write().unwrap_or_else(|e| e.into_inner());
+        for (id, s) in fresh {
+            c.insert(id, s)?;
+        }
+        self.stats
+            .series_created
+            .fetch_add(assigned.len() as u64, Ordering::Relaxed);
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// A tenant's series catalog (`None`: the tenant has no series).
+    pub fn series_catalog(&self, tenant: &TenantId) -> Option<Arc<RwLock<SeriesCatalog>>> {
+        self.series.get(tenant)
+    }
+
+    /// Series held, over every tenant.
+    pub fn series_count(&self) -> usize {
+        let tenants = self
+            .series
+            .tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tenants
+            .values()
+            .map(|c| c.read().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    /// [`Self::append`] for metric points of registered series (a point of a series at an
+    /// instant already held is a retry and is stored once).
+    pub fn append_points(
+        &self,
+        tenant: &TenantId,
+        points: Vec<MetricPoint>,
+    ) -> Result<AppendOutcome> {
+        self.append_rows(tenant, points)
+    }
+
+    /// [`Self::snapshot`] of a tenant's metric points.
+    pub fn metric_snapshot(&self, tenant: &TenantId) -> Snapshot<MetricPoint> {
+        self.snapshot_of(tenant)
+    }
+
+    /// The points of a snapshot that a scan asks for, one batch per block (and one for the
+    /// head), each sorted by series and time, with the scan's columns under their block names.
+    pub fn scan_metrics(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<MetricPoint>,
+        scan: &MetricScan,
+    ) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for (addr, meta) in snapshot.blocks.iter() {
+            if let Some(batch) = self.block_metric_columns(tenant, snapshot, *addr, meta, scan)? {
+                out.push(batch);
+            }
+        }
+        if let Some(head) = self.head_metric_columns(snapshot, scan)? {
+            out.push(head);
+        }
+        Ok(out)
+    }
+
+    /// The head rows of a snapshot that a scan asks for, as one batch.
+    pub fn head_metric_columns(
+        &self,
+        snapshot: &Snapshot<MetricPoint>,
+        scan: &MetricScan,
+    ) -> Result<Option<RecordBatch>> {
+        let mut head: Vec<&MetricPoint> =
+            snapshot.head.rows().filter(|p| scan.matches(p)).collect();
+        if head.is_empty() {
+            return Ok(None);
+        }
+        metrics::sort(&mut head);
+        head.dedup_by_key(|p| (p.series, p.time));
+        let columns = scan.columns();
+        let mut builders = MetricColumns::with_capacity(head.len());
+        head.iter().for_each(|p| builders.push(p));
+        let mut arrays: Vec<(&str, ArrayRef)> = builders
+            .finish()
+            .into_iter()
+            .filter(|(name, _, _)| columns.contains(name))
+            .map(|(name, array, _)| (name, array))
+            .collect();
+        arrays.sort_by_key(|(name, _)| columns.iter().position(|c| c == name));
+        batch(&columns, arrays.into_iter().map(|(_, a)| a).collect()).map(Some)
+    }
+
+    /// The scan's columns of the rows of one block that it reads; `None` when none.
+    pub fn block_metric_columns(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<MetricPoint>,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        scan: &MetricScan,
+    ) -> Result<Option<RecordBatch>> {
+        if !scan.overlaps(meta) {
+            return Ok(None);
+        }
+        let reader = self.reader_of(tenant, Signal::Metrics, addr, meta);
+        let mut rows: Option<RoaringBitmap> = None;
+        if let Some(series) = &scan.series {
+            let ids = reader.ints(col::SERIES, &Rows::All)?;
+            rows = Some(metrics::rows_of_series(&ids, series));
+        }
+        if !scan.covers(meta) || snapshot.straddles(meta) {
+            let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
+            let within = rows.clone().map_or(Rows::All, Rows::Set);
+            let times = reader.ints(col::TIME, &within)?;
+            let candidates: Vec<u32> = match &within {
+                Rows::Set(s) => s.iter().collect(),
+                _ => (0..meta.rows).collect(),
+            };
+            rows = Some(
+                candidates
+                    .into_iter()
+                    .zip(times)
+                    .filter(|(_, t)| *t as u64 >= cutoff && scan.in_range(*t as u64))
+                    .map(|(r, _)| r)
+                    .collect(),
+            );
+        }
+        let rows = match rows {
+            None => Rows::All,
+            Some(r) if r.is_empty() => return Ok(None),
+            Some(r) if r.len() == u64::from(meta.rows) => Rows::All,
+            Some(r) => Rows::Set(r),
+        };
+        let columns = scan.columns();
+        let arrays = columns
+            .iter()
+            .map(|c| reader.required(c, &rows))
+            .collect::<Result<Vec<_>>>()?;
+        batch(&columns, arrays).map(Some)
+    }
+
+    /// Whole points of a snapshot in a time range, of the given series (all when `None`),
+    /// sorted by series and time, each (series, time) once.
+    pub fn metric_points(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<MetricPoint>,
+        from: Option<u64>,
+        to: Option<u64>,
+        series: Option<&RoaringBitmap>,
+    ) -> Result<Vec<MetricPoint>> {
+        let scan = MetricScan {
+            from,
+            to,
+            series: series.cloned(),
+            columns: Vec::new(),
+        };
+        let mut out: Vec<MetricPoint> = snapshot
+            .head
+            .rows()
+            .filter(|p| scan.matches(p))
+            .cloned()
+            .collect();
+        for (addr, meta) in snapshot.blocks.iter() {
+            if !scan.overlaps(meta) {
+                continue;
+            }
+            let reader = self.reader_of(tenant, Signal::Metrics, *addr, meta);
+            let rows = match series {
+                Some(s) => Rows::Set(metrics::rows_of_series(
+                    &reader.ints(col::SERIES, &Rows::All)?,
+                    s,
+                )),
+                None => Rows::All,
+            };
+            if matches!(&rows, Rows::Set(s) if s.is_empty()) {
+                continue;
+            }
+            out.extend(
+                metrics::read(&reader, &rows)?
+                    .into_iter()
+                    .filter(|p| scan.matches(p)),
+            );
+        }
+        let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
+        out.retain(|p| p.time.0 >= cutoff);
+        out.sort_by_key(|p| (p.series, p.time));
+        out.dedup_by_key(|p| (p.series, p.time));
+        Ok(out)
+    }
+}
+
+fn batch(columns: &[&'static str], arrays: Vec<ArrayRef>) -> Result<RecordBatch> {
+    RecordBatch::try_from_iter(columns.iter().copied().zip(arrays))
+        .map_err(|e| StorageError::corrupt("metric columns", e.to_string()))
+}
