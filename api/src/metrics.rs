@@ -165,6 +165,27 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     }
     counter(
         &mut out,
+        "weft_metric_points_accepted_total",
+        "Metric points stored.",
+        load(&i.points_accepted),
+    );
+    counter(
+        &mut out,
+        "weft_metric_points_duplicate_total",
+        "Metric points skipped because their series already had a point at that instant (client retries).",
+        load(&i.points_duplicate),
+    );
+    out.push_str("# HELP weft_metric_points_rejected_total Metric points refused by validation, by reason.\n# TYPE weft_metric_points_rejected_total counter\n");
+    for (reason, n) in RejectReason::ALL.iter().zip(&i.points_rejected) {
+        let _ = writeln!(
+            out,
+            "weft_metric_points_rejected_total{{reason=\"{}\"}} {}",
+            reason.as_str(),
+            load(n)
+        );
+    }
+    counter(
+        &mut out,
         "weft_log_parse_failures_total",
         "Log records whose body looked structured but did not parse (kept as they came).",
         load(&i.log_parse.failures),
@@ -223,6 +244,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         "weft_rows_waiting_for_parent_total",
         "Rows a flush kept in the head to wait for a missing parent (once per flush).",
         load(&s.rows_waiting),
+    );
+    counter(
+        &mut out,
+        "weft_metric_series_created_total",
+        "Metric series registered (each series once, on its first point).",
+        load(&s.series_created),
     );
     counter(
         &mut out,

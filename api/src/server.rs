@@ -122,6 +122,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let grpc = tonic::transport::Server::builder()
         .add_service(otlp::grpc::service(state.clone()))
         .add_service(otlp::grpc::logs_service(state.clone()))
+        .add_service(otlp::grpc::metrics_service(state.clone()))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener),
             shutdown_signal(stop_rx.clone()),

@@ -1,11 +1,12 @@
 //! OTLP: protobuf and JSON decoding, normalisation to the storage model (with validation), and
 //! the way back (storage model to OTLP) for read APIs. Traces are at the top of this module;
-//! logs in [`logs`].
+//! logs in [`logs`], metrics in [`metrics`].
 
 pub mod convert;
 pub mod export;
 pub mod json;
 pub mod logs;
+pub mod metrics;
 
 pub use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,

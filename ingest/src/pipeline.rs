@@ -2,7 +2,7 @@
 //! to retry), is decoded and validated off the async runtime, and is answered once its rows
 //! are durable. What every signal shares is here (limits, admission, rejection reasons and
 //! their counters, the outcome of a request); each signal's decoding and storing is in a
-//! module of its own ([`traces`], [`logs`]).
+//! module of its own ([`traces`], [`logs`], [`metrics`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +13,7 @@ use weft_storage::Store;
 use crate::error::IngestError;
 
 mod logs;
+mod metrics;
 mod traces;
 
 /// Limits of the ingest path; each has a server flag.
@@ -47,10 +48,13 @@ pub enum RejectReason {
     TooLarge,
     Overloaded,
     Expired,
+    /// A metric point whose value cannot be used (no value, NaN sum, bucket counts that do
+    /// not match the bounds, no time).
+    InvalidPoint,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 8] = [
+    pub const ALL: [RejectReason; 9] = [
         Self::InvalidId,
         Self::EndBeforeStart,
         Self::InvalidEnum,
@@ -59,6 +63,7 @@ impl RejectReason {
         Self::TooLarge,
         Self::Overloaded,
         Self::Expired,
+        Self::InvalidPoint,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +75,7 @@ impl RejectReason {
             Self::TooLarge => "too_large",
             Self::Overloaded => "overloaded",
             Self::Expired => "expired",
+            Self::InvalidPoint => "invalid_point",
         }
     }
 }
@@ -82,10 +88,14 @@ pub struct IngestStats {
     pub logs_accepted: AtomicU64,
     pub logs_duplicate: AtomicU64,
     /// Spans and log records refused, indexed like [`RejectReason::ALL`]; whole-request refusals count requests.
-    pub rejected: [AtomicU64; 8],
+    pub rejected: [AtomicU64; 9],
     /// Log records refused by validation, indexed like [`RejectReason::ALL`] (a request
     /// refused whole counts in `rejected`, whatever its signal).
-    pub logs_rejected: [AtomicU64; 8],
+    pub logs_rejected: [AtomicU64; 9],
+    pub points_accepted: AtomicU64,
+    pub points_duplicate: AtomicU64,
+    /// Metric points refused by validation, indexed like [`RejectReason::ALL`].
+    pub points_rejected: [AtomicU64; 9],
     /// Redactions made, by rule.
     pub redactions: crate::redact::RedactionStats,
     /// Log bodies that looked structured but did not parse.
@@ -99,6 +109,10 @@ impl IngestStats {
 
     pub fn count_rejected_logs(&self, reason: RejectReason, n: u64) {
         self.logs_rejected[reason.index()].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn count_rejected_points(&self, reason: RejectReason, n: u64) {
+        self.points_rejected[reason.index()].fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -1,11 +1,15 @@
-//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export` and
-//! `opentelemetry.proto.collector.logs.v1.LogsService/Export`, gzip accepted.
+//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export`,
+//! `opentelemetry.proto.collector.logs.v1.LogsService/Export` and
+//! `opentelemetry.proto.collector.metrics.v1.MetricsService/Export`, gzip accepted.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
     LogsService, LogsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -16,6 +20,9 @@ use tonic::{Request, Response, Status};
 use weft_ingest::IngestError;
 use weft_ingest::otlp::logs::{
     ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use weft_ingest::otlp::metrics::{
+    ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
 use weft_ingest::otlp::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -37,6 +44,18 @@ pub struct LogReceiver {
 pub fn logs_service(state: Arc<AppState>) -> LogsServiceServer<LogReceiver> {
     let limit = state.ingester.limits().max_body_bytes;
     LogsServiceServer::new(LogReceiver { state })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(limit)
+}
+
+pub struct MetricReceiver {
+    state: Arc<AppState>,
+}
+
+pub fn metrics_service(state: Arc<AppState>) -> MetricsServiceServer<MetricReceiver> {
+    let limit = state.ingester.limits().max_body_bytes;
+    MetricsServiceServer::new(MetricReceiver { state })
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(limit)
@@ -122,5 +141,30 @@ impl LogsService for LogReceiver {
             error_message: outcome.error_message.unwrap_or_default(),
         });
         Ok(Response::new(ExportLogsServiceResponse { partial_success }))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for MetricReceiver {
+    async fn export(
+        &self,
+        request: Request<ExportMetricsServiceRequest>,
+    ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+        let started = Instant::now();
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let size = req.encoded_len();
+        let result = self.state.ingester.export_metrics(tenant, req, size).await;
+        self.state
+            .requests
+            .observe("grpc MetricsService/Export", started.elapsed());
+        let outcome = result.map_err(|e| to_status(&e))?;
+        let partial_success = (outcome.rejected > 0).then(|| ExportMetricsPartialSuccess {
+            rejected_data_points: outcome.rejected as i64,
+            error_message: outcome.error_message.unwrap_or_default(),
+        });
+        Ok(Response::new(ExportMetricsServiceResponse {
+            partial_success,
+        }))
     }
 }

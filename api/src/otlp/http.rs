@@ -1,4 +1,4 @@
-//! OTLP/HTTP: `POST /v1/traces` and `POST /v1/logs` with `application/x-protobuf` or
+//! OTLP/HTTP: `POST /v1/traces`, `POST /v1/logs` and `POST /v1/metrics` with `application/x-protobuf` or
 //! `application/json` bodies, optionally gzip-compressed. The answer uses the request's
 //! content type.
 
@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prost::Message;
 use serde_json::json;
 use weft_ingest::otlp::logs::{ExportLogsPartialSuccess, ExportLogsServiceResponse};
+use weft_ingest::otlp::metrics::{ExportMetricsPartialSuccess, ExportMetricsServiceResponse};
 use weft_ingest::otlp::{ExportTracePartialSuccess, ExportTraceServiceResponse};
 use weft_ingest::{ExportOutcome, Format, IngestError, body};
 
@@ -23,6 +24,7 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/traces", post(export_traces))
         .route("/v1/logs", post(export_logs))
+        .route("/v1/metrics", post(export_metrics))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::metrics::track_latency,
@@ -56,6 +58,7 @@ fn format_of(headers: &HeaderMap) -> Result<Format, IngestError> {
 enum Signal {
     Traces,
     Logs,
+    Metrics,
 }
 
 async fn export_traces(state: State<SharedState>, headers: HeaderMap, body: Body) -> Response {
@@ -64,6 +67,10 @@ async fn export_traces(state: State<SharedState>, headers: HeaderMap, body: Body
 
 async fn export_logs(state: State<SharedState>, headers: HeaderMap, body: Body) -> Response {
     export(state, headers, body, Signal::Logs).await
+}
+
+async fn export_metrics(state: State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+    export(state, headers, body, Signal::Metrics).await
 }
 
 async fn export(
@@ -123,6 +130,12 @@ async fn ingest(
                 .export_logs_bytes(tenant, decoded, format)
                 .await
         }
+        Signal::Metrics => {
+            state
+                .ingester
+                .export_metrics_bytes(tenant, decoded, format)
+                .await
+        }
     }
 }
 
@@ -146,6 +159,13 @@ fn success(format: Format, outcome: &ExportOutcome, signal: Signal) -> Response 
                     }),
                 }
                 .encode_to_vec(),
+                Signal::Metrics => ExportMetricsServiceResponse {
+                    partial_success: rejected.map(|n| ExportMetricsPartialSuccess {
+                        rejected_data_points: n,
+                        error_message: message,
+                    }),
+                }
+                .encode_to_vec(),
             };
             ([(header::CONTENT_TYPE, PROTOBUF)], body).into_response()
         }
@@ -153,6 +173,7 @@ fn success(format: Format, outcome: &ExportOutcome, signal: Signal) -> Response 
             let field = match signal {
                 Signal::Traces => "rejectedSpans",
                 Signal::Logs => "rejectedLogRecords",
+                Signal::Metrics => "rejectedDataPoints",
             };
             let body = match rejected {
                 Some(n) => {

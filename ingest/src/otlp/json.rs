@@ -7,12 +7,14 @@
 //!
 //! This module holds what every signal shares (paths, typed field access, any-values and
 //! attributes, the writer); each signal's messages are in a module of their own
-//! ([`traces`], [`logs`]).
+//! ([`traces`], [`logs`], [`metrics`]).
 
 mod logs;
+mod metrics;
 mod traces;
 
 pub use logs::decode_logs_request;
+pub use metrics::decode_metrics_request;
 pub use traces::{decode_request, encode_request};
 
 use std::fmt;

@@ -7,6 +7,7 @@
 pub mod columns;
 pub mod functions;
 pub mod logs;
+mod metrics;
 mod percentile;
 mod percentiles;
 pub mod pg_catalog;
@@ -304,6 +305,13 @@ impl SqlEngine {
             (
                 "logs",
                 Arc::new(logs::LogsTable::new(self.store.clone(), tenant.clone())),
+            ),
+            (
+                "metrics",
+                Arc::new(metrics::MetricsTable::new(
+                    self.store.clone(),
+                    tenant.clone(),
+                )),
             ),
         ];
         let described = pg_catalog::CatalogTables(
