@@ -9,11 +9,14 @@
 //! The third is log search ([`logs`]): a text query and filters over log records, newest
 //! first, and a trace's records.
 //!
+//! The fourth is PromQL ([`promql`]) over metric series, for the Prometheus-compatible API.
+//!
 //! It does not speak HTTP (that is `weft-api`) and does not decode OTLP.
 
 pub mod analytics;
 pub mod error;
 pub mod logs;
+pub mod promql;
 pub mod search;
 pub mod sql;
 

@@ -179,6 +179,12 @@ impl Store {
     /// written, synced, before this returns, so that a point referring to them is never
     /// durable without them.
     pub fn register_series(&self, tenant: &TenantId, series: &[Series]) -> Result<Vec<SeriesId>> {
+        debug_assert!(
+            series
+                .iter()
+                .all(|s| s.labels.windows(2).all(|w| w[0].0 < w[1].0)),
+            "series labels must be sorted by key, keys unique"
+        );
         let catalog = self.series.of(tenant);
         let identities: Vec<Vec<u8>> = series.iter().map(Series::identity).collect();
         let lookup = |c: &SeriesCatalog| -> Vec<Option<SeriesId>> {

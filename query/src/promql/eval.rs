@@ -1,0 +1,829 @@
+//! Evaluation: the data of every selector is read once for the whole query, then the
+//! expression is evaluated at each step.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use promql_parser::label::Matcher;
+use promql_parser::parser::{
+    AggregateExpr, AtModifier, BinaryExpr, Expr, LabelModifier, Offset, VectorMatchCardinality,
+    VectorSelector,
+};
+
+use super::source::{Source, get, insert, is_stale};
+use super::{Labels, Loaded, PromError};
+
+/// Prometheus's default lookback delta.
+pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
+/// The step of a subquery that names none (Prometheus's default evaluation interval).
+pub const DEFAULT_SUBQUERY_STEP_MS: i64 = 60 * 1000;
+/// Most points a query may hold in its answer (Prometheus's default `--query.max-samples`).
+pub const MAX_SAMPLES: usize = 50_000_000;
+
+/// One sample of an instant vector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub labels: Labels,
+    pub v: f64,
+    /// The sample's own time (for `timestamp()`).
+    pub t: i64,
+}
+
+/// What an expression evaluates to at one instant.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Scalar(f64),
+    Vector(Vec<Sample>),
+    Matrix(Vec<Loaded>),
+    Str(String),
+}
+
+/// The answer of a query, as the API returns it.
+#[derive(Clone, Debug)]
+pub enum QueryResult {
+    Scalar(i64, f64),
+    Str(i64, String),
+    /// (labels, time, value).
+    Vector(Vec<(Labels, i64, f64)>),
+    Matrix(Vec<Loaded>),
+}
+
+pub(super) struct Evaluator<'a> {
+    source: &'a Source,
+    pub(super) start: i64,
+    pub(super) end: i64,
+    lookback: i64,
+    /// Each selector's series, by the selector's address in the parsed expression.
+    data: HashMap<usize, Arc<Vec<Loaded>>>,
+}
+
+fn key(vs: &VectorSelector) -> usize {
+    vs as *const VectorSelector as usize
+}
+
+fn ms(d: &Duration) -> i64 {
+    d.as_millis() as i64
+}
+
+fn offset_ms(o: &Option<Offset>) -> i64 {
+    match o {
+        None => 0,
+        Some(Offset::Pos(d)) => ms(d),
+        Some(Offset::Neg(d)) => -ms(d),
+    }
+}
+
+fn system_ms(t: &SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}
+
+fn op_name(t: &promql_parser::parser::token::TokenType) -> String {
+    t.to_string()
+}
+
+/// Parses a query, naming the problem as Prometheus's parser would.
+pub fn parse(query: &str) -> Result<Expr, PromError> {
+    promql_parser::parser::parse(query).map_err(PromError::bad_data)
+}
+
+/// Evaluates `query` at one instant (ms).
+pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryResult, PromError> {
+    let expr = parse(query)?;
+    let mut ev = Evaluator::new(source, time, time);
+    ev.load(&expr, time, time)?;
+    Ok(match ev.eval(&expr, time)? {
+        Value::Scalar(v) => QueryResult::Scalar(time, v),
+        Value::Str(s) => QueryResult::Str(time, s),
+        Value::Vector(samples) => {
+            let mut out: Vec<(Labels, i64, f64)> =
+                samples.into_iter().map(|s| (s.labels, time, s.v)).collect();
+            check_unique(out.iter().map(|(l, _, _)| l))?;
+            if !keeps_order(&expr) {
+                out.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            QueryResult::Vector(out)
+        }
+        Value::Matrix(m) => QueryResult::Matrix(m),
+    })
+}
+
+/// Whether the expression's order is its answer's (`sort`, `topk`, …).
+fn keeps_order(e: &Expr) -> bool {
+    match e {
+        Expr::Paren(p) => keeps_order(&p.expr),
+        Expr::Call(c) => matches!(c.func.name, "sort" | "sort_desc"),
+        Expr::Aggregate(a) => matches!(op_name(&a.op).as_str(), "topk" | "bottomk"),
+        _ => false,
+    }
+}
+
+fn check_unique<'l>(labels: impl Iterator<Item = &'l Labels>) -> Result<(), PromError> {
+    let mut seen = std::collections::HashSet::new();
+    for l in labels {
+        if !seen.insert(l) {
+            return Err(PromError::execution(
+                "vector cannot contain metrics with the same labelset",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Evaluates `query` at every step from `start` to `end` (ms).
+pub fn range_query(
+    source: &Source,
+    query: &str,
+    start: i64,
+    end: i64,
+    step: i64,
+) -> Result<QueryResult, PromError> {
+    if step <= 0 {
+        return Err(PromError::bad_data(
+            "zero or negative query resolution step widths are not accepted. Try a positive integer",
+        ));
+    }
+    if end < start {
+        return Err(PromError::bad_data(
+            "end timestamp must not be before start time",
+        ));
+    }
+    if (end - start) / step > 11_000 {
+        return Err(PromError::bad_data(
+            "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
+        ));
+    }
+    let expr = parse(query)?;
+    let kind = expr.value_type();
+    if !matches!(
+        kind,
+        promql_parser::parser::value::ValueType::Vector
+            | promql_parser::parser::value::ValueType::Scalar
+    ) {
+        return Err(PromError::bad_data(format!(
+            "invalid expression type \"{kind}\" for range query, must be Scalar or instant Vector"
+        )));
+    }
+    let mut ev = Evaluator::new(source, start, end);
+    ev.load(&expr, start, end)?;
+    let mut series: BTreeMap<Labels, Loaded> = BTreeMap::new();
+    let mut samples = 0usize;
+    let mut t = start;
+    while t <= end {
+        let out = match ev.eval(&expr, t)? {
+            Value::Scalar(v) => vec![Sample {
+                labels: Labels::new(),
+                v,
+                t,
+            }],
+            Value::Vector(v) => v,
+            _ => return Err(PromError::execution("range query of a matrix")),
+        };
+        check_unique(out.iter().map(|s| &s.labels))?;
+        samples += out.len();
+        if samples > MAX_SAMPLES {
+            return Err(PromError::execution(
+                "query processing would load too many samples into memory in query execution",
+            ));
+        }
+        for s in out {
+            let entry = series.entry(s.labels).or_default();
+            entry.ts.push(t);
+            entry.vs.push(s.v);
+        }
+        t += step;
+    }
+    Ok(QueryResult::Matrix(
+        series
+            .into_iter()
+            .map(|(labels, mut l)| {
+                l.labels = labels;
+                l
+            })
+            .collect(),
+    ))
+}
+
+impl<'a> Evaluator<'a> {
+    pub(super) fn new(source: &'a Source, start: i64, end: i64) -> Self {
+        Self {
+            source,
+            start,
+            end,
+            lookback: LOOKBACK_MS,
+            data: HashMap::new(),
+        }
+    }
+
+    fn at_time(&self, at: &Option<AtModifier>) -> Option<i64> {
+        match at {
+            None => None,
+            Some(AtModifier::Start) => Some(self.start),
+            Some(AtModifier::End) => Some(self.end),
+            Some(AtModifier::At(t)) => Some(system_ms(t)),
+        }
+    }
+
+    /// Reads every selector's data for the evaluation times `[lo, hi]` of `e`.
+    pub(super) fn load(&mut self, e: &Expr, lo: i64, hi: i64) -> Result<(), PromError> {
+        match e {
+            Expr::VectorSelector(vs) => self.load_selector(vs, lo, hi, self.lookback),
+            Expr::MatrixSelector(m) => self.load_selector(&m.vs, lo, hi, ms(&m.range)),
+            Expr::Subquery(sq) => {
+                let (lo, hi) = self.at_time(&sq.at).map_or((lo, hi), |a| (a, a));
+                let off = offset_ms(&sq.offset);
+                self.load(&sq.expr, lo - off - ms(&sq.range), hi - off)
+            }
+            Expr::Aggregate(a) => {
+                if let Some(p) = &a.param {
+                    self.load(p, lo, hi)?;
+                }
+                self.load(&a.expr, lo, hi)
+            }
+            Expr::Unary(u) => self.load(&u.expr, lo, hi),
+            Expr::Binary(b) => {
+                self.load(&b.lhs, lo, hi)?;
+                self.load(&b.rhs, lo, hi)
+            }
+            Expr::Paren(p) => self.load(&p.expr, lo, hi),
+            Expr::Call(c) => {
+                for a in &c.args.args {
+                    self.load(a, lo, hi)?;
+                }
+                Ok(())
+            }
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => Ok(()),
+        }
+    }
+
+    fn load_selector(
+        &mut self,
+        vs: &VectorSelector,
+        lo: i64,
+        hi: i64,
+        back: i64,
+    ) -> Result<(), PromError> {
+        let (lo, hi) = self.at_time(&vs.at).map_or((lo, hi), |a| (a, a));
+        let off = offset_ms(&vs.offset);
+        let matchers = selector_matchers(vs);
+        let refs: Vec<&Matcher> = matchers.iter().collect();
+        let loaded = self.source.select(&refs, lo - off - back, hi - off)?;
+        // several loads of one selector (inside subqueries) keep the widest
+        let key = key(vs);
+        let wider = self.data.get(&key).is_none_or(|old| {
+            old.iter().map(|l| l.ts.len()).sum::<usize>() <= loaded.iter().map(|l| l.ts.len()).sum()
+        });
+        if wider {
+            self.data.insert(key, Arc::new(loaded));
+        }
+        Ok(())
+    }
+
+    /// The time a selector reads at when evaluated at `ts`.
+    fn ref_time(&self, vs: &VectorSelector, ts: i64) -> i64 {
+        self.at_time(&vs.at).unwrap_or(ts) - offset_ms(&vs.offset)
+    }
+
+    fn series_of(&self, vs: &VectorSelector) -> Arc<Vec<Loaded>> {
+        self.data.get(&key(vs)).cloned().unwrap_or_default()
+    }
+
+    pub(super) fn eval(&self, e: &Expr, ts: i64) -> Result<Value, PromError> {
+        match e {
+            Expr::NumberLiteral(n) => Ok(Value::Scalar(n.val)),
+            Expr::StringLiteral(s) => Ok(Value::Str(s.val.clone())),
+            Expr::Paren(p) => self.eval(&p.expr, ts),
+            Expr::Unary(u) => match self.eval(&u.expr, ts)? {
+                Value::Scalar(v) => Ok(Value::Scalar(-v)),
+                Value::Vector(v) => Ok(Value::Vector(
+                    v.into_iter()
+                        .map(|mut s| {
+                            drop_name(&mut s.labels);
+                            s.v = -s.v;
+                            s
+                        })
+                        .collect(),
+                )),
+                _ => Err(PromError::bad_data("unary minus of a non-numeric value")),
+            },
+            Expr::VectorSelector(vs) => Ok(Value::Vector(self.instant(vs, ts))),
+            Expr::MatrixSelector(m) => {
+                let t = self.ref_time(&m.vs, ts);
+                Ok(Value::Matrix(self.range(&m.vs, t - ms(&m.range), t)))
+            }
+            Expr::Subquery(sq) => {
+                let at = self.at_time(&sq.at).unwrap_or(ts);
+                let end = at - offset_ms(&sq.offset);
+                let begin = end - ms(&sq.range);
+                let step = sq.step.as_ref().map_or(DEFAULT_SUBQUERY_STEP_MS, ms).max(1);
+                let mut t = step * begin.div_euclid(step);
+                if t < begin {
+                    t += step;
+                }
+                let mut series: BTreeMap<Labels, Loaded> = BTreeMap::new();
+                while t <= end {
+                    let samples = match self.eval(&sq.expr, t)? {
+                        Value::Scalar(v) => vec![Sample {
+                            labels: Labels::new(),
+                            v,
+                            t,
+                        }],
+                        Value::Vector(v) => v,
+                        _ => return Err(PromError::bad_data("subquery of a non-vector")),
+                    };
+                    for s in samples {
+                        let entry = series.entry(s.labels).or_default();
+                        entry.ts.push(t);
+                        entry.vs.push(s.v);
+                    }
+                    t += step;
+                }
+                Ok(Value::Matrix(
+                    series
+                        .into_iter()
+                        .map(|(labels, mut l)| {
+                            l.labels = labels;
+                            l
+                        })
+                        .collect(),
+                ))
+            }
+            Expr::Call(c) => super::functions::call(self, c, ts),
+            Expr::Aggregate(a) => self.aggregate(a, ts),
+            Expr::Binary(b) => self.binary(b, ts),
+            Expr::Extension(_) => Err(PromError::bad_data("unsupported expression")),
+        }
+    }
+
+    /// The newest sample of each series at or before the selector's time, within the
+    /// lookback delta, unless it is a stale marker.
+    fn instant(&self, vs: &VectorSelector, ts: i64) -> Vec<Sample> {
+        let t = self.ref_time(vs, ts);
+        let mut out = Vec::new();
+        for s in self.series_of(vs).iter() {
+            let i = s.ts.partition_point(|&x| x <= t);
+            if i == 0 {
+                continue;
+            }
+            let (st, v) = (s.ts[i - 1], s.vs[i - 1]);
+            if st < t - self.lookback || is_stale(v) {
+                continue;
+            }
+            out.push(Sample {
+                labels: s.labels.clone(),
+                v,
+                t: st,
+            });
+        }
+        out
+    }
+
+    /// The samples of each series in `[from, to]`, stale markers left out.
+    pub(super) fn range(&self, vs: &VectorSelector, from: i64, to: i64) -> Vec<Loaded> {
+        let mut out = Vec::new();
+        for s in self.series_of(vs).iter() {
+            let lo = s.ts.partition_point(|&x| x < from);
+            let hi = s.ts.partition_point(|&x| x <= to);
+            let mut l = Loaded {
+                labels: s.labels.clone(),
+                ..Default::default()
+            };
+            for i in lo..hi {
+                if !is_stale(s.vs[i]) {
+                    l.ts.push(s.ts[i]);
+                    l.vs.push(s.vs[i]);
+                }
+            }
+            if !l.ts.is_empty() {
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    pub(super) fn scalar(&self, e: &Expr, ts: i64) -> Result<f64, PromError> {
+        match self.eval(e, ts)? {
+            Value::Scalar(v) => Ok(v),
+            _ => Err(PromError::bad_data("expected a scalar")),
+        }
+    }
+
+    pub(super) fn vector(&self, e: &Expr, ts: i64) -> Result<Vec<Sample>, PromError> {
+        match self.eval(e, ts)? {
+            Value::Vector(v) => Ok(v),
+            _ => Err(PromError::bad_data("expected an instant vector")),
+        }
+    }
+
+    fn aggregate(&self, a: &AggregateExpr, ts: i64) -> Result<Value, PromError> {
+        let op = op_name(&a.op);
+        let op = op.as_str();
+        let samples = self.vector(&a.expr, ts)?;
+        let param = match &a.param {
+            Some(p) => Some(self.eval(p, ts)?),
+            None => None,
+        };
+        let grouping = |labels: &Labels| -> Labels {
+            match &a.modifier {
+                None => Labels::new(),
+                Some(LabelModifier::Include(ls)) => labels
+                    .iter()
+                    .filter(|(k, _)| ls.labels.iter().any(|l| l == k))
+                    .cloned()
+                    .collect(),
+                Some(LabelModifier::Exclude(ls)) => labels
+                    .iter()
+                    .filter(|(k, _)| k != "__name__" && !ls.labels.iter().any(|l| l == k))
+                    .cloned()
+                    .collect(),
+            }
+        };
+        if op == "count_values" {
+            let Some(Value::Str(label)) = param else {
+                return Err(PromError::bad_data("count_values needs a label name"));
+            };
+            let mut groups: BTreeMap<Labels, f64> = BTreeMap::new();
+            for s in &samples {
+                let mut g = grouping(&s.labels);
+                insert(&mut g, label.clone(), super::source::format_float(s.v));
+                *groups.entry(g).or_default() += 1.0;
+            }
+            return Ok(Value::Vector(
+                groups
+                    .into_iter()
+                    .map(|(labels, v)| Sample { labels, v, t: ts })
+                    .collect(),
+            ));
+        }
+        let mut groups: BTreeMap<Labels, Vec<Sample>> = BTreeMap::new();
+        for s in samples {
+            groups.entry(grouping(&s.labels)).or_default().push(s);
+        }
+        let number = |p: &Option<Value>| match p {
+            Some(Value::Scalar(v)) => Ok(*v),
+            _ => Err(PromError::bad_data(format!(
+                "{op} needs a scalar parameter"
+            ))),
+        };
+        let mut out = Vec::new();
+        for (labels, group) in groups {
+            let values: Vec<f64> = group.iter().map(|s| s.v).collect();
+            let n = values.len() as f64;
+            let one = |v: f64| Sample {
+                labels: labels.clone(),
+                v,
+                t: ts,
+            };
+            match op {
+                "sum" => out.push(one(values.iter().sum())),
+                "avg" => out.push(one(mean(&values))),
+                "min" => out
+                    .push(one(values.iter().copied().fold(f64::NAN, |a, b| {
+                        if a.is_nan() || b < a { b } else { a }
+                    }))),
+                "max" => out
+                    .push(one(values.iter().copied().fold(f64::NAN, |a, b| {
+                        if a.is_nan() || b > a { b } else { a }
+                    }))),
+                "count" => out.push(one(n)),
+                "group" => out.push(one(1.0)),
+                "stddev" => out.push(one(variance(&values).sqrt())),
+                "stdvar" => out.push(one(variance(&values))),
+                "quantile" => out.push(one(quantile(number(&param)?, values))),
+                "topk" | "bottomk" => {
+                    let k = number(&param)?;
+                    if k < 1.0 {
+                        continue;
+                    }
+                    let mut g = group;
+                    // NaN last either way
+                    g.sort_by(|a, b| {
+                        let (x, y) = (a.v, b.v);
+                        match (x.is_nan(), y.is_nan()) {
+                            (true, true) => std::cmp::Ordering::Equal,
+                            (true, false) => std::cmp::Ordering::Greater,
+                            (false, true) => std::cmp::Ordering::Less,
+                            _ if op == "topk" => y.total_cmp(&x),
+                            _ => x.total_cmp(&y),
+                        }
+                    });
+                    g.truncate(k.min(g.len() as f64) as usize);
+                    for mut s in g {
+                        s.t = ts;
+                        out.push(s);
+                    }
+                }
+                other => {
+                    return Err(PromError::bad_data(format!(
+                        "aggregation {other} is not supported"
+                    )));
+                }
+            }
+        }
+        Ok(Value::Vector(out))
+    }
+
+    fn binary(&self, b: &BinaryExpr, ts: i64) -> Result<Value, PromError> {
+        let op = op_name(&b.op);
+        let op = op.as_str();
+        let return_bool = b.return_bool();
+        let lhs = self.eval(&b.lhs, ts)?;
+        let rhs = self.eval(&b.rhs, ts)?;
+        let comparison = is_comparison(op);
+        match (lhs, rhs) {
+            (Value::Scalar(x), Value::Scalar(y)) => {
+                let v = apply(op, x, y);
+                if comparison {
+                    if !return_bool {
+                        return Err(PromError::bad_data(
+                            "comparisons between scalars must use BOOL modifier",
+                        ));
+                    }
+                    return Ok(Value::Scalar(if v.1 { 1.0 } else { 0.0 }));
+                }
+                Ok(Value::Scalar(v.0))
+            }
+            (Value::Vector(v), Value::Scalar(y)) => Ok(Value::Vector(scalar_op(
+                op,
+                v,
+                y,
+                false,
+                comparison,
+                return_bool,
+            ))),
+            (Value::Scalar(x), Value::Vector(v)) => Ok(Value::Vector(scalar_op(
+                op,
+                v,
+                x,
+                true,
+                comparison,
+                return_bool,
+            ))),
+            (Value::Vector(l), Value::Vector(r)) => self.vector_op(b, op, l, r, ts),
+            _ => Err(PromError::bad_data(format!(
+                "binary expression {op} must have numeric operands"
+            ))),
+        }
+    }
+
+    fn vector_op(
+        &self,
+        b: &BinaryExpr,
+        op: &str,
+        lhs: Vec<Sample>,
+        rhs: Vec<Sample>,
+        ts: i64,
+    ) -> Result<Value, PromError> {
+        let modifier = b.modifier.as_ref();
+        let matching = modifier.and_then(|m| m.matching.as_ref());
+        let card = modifier.map_or(&VectorMatchCardinality::OneToOne, |m| &m.card);
+        let signature = |l: &Labels| -> Labels {
+            match matching {
+                Some(LabelModifier::Include(ls)) => l
+                    .iter()
+                    .filter(|(k, _)| ls.labels.iter().any(|x| x == k))
+                    .cloned()
+                    .collect(),
+                Some(LabelModifier::Exclude(ls)) => l
+                    .iter()
+                    .filter(|(k, _)| k != "__name__" && !ls.labels.iter().any(|x| x == k))
+                    .cloned()
+                    .collect(),
+                None => l.iter().filter(|(k, _)| k != "__name__").cloned().collect(),
+            }
+        };
+        match op {
+            "and" => {
+                let right: std::collections::HashSet<Labels> =
+                    rhs.iter().map(|s| signature(&s.labels)).collect();
+                return Ok(Value::Vector(
+                    lhs.into_iter()
+                        .filter(|s| right.contains(&signature(&s.labels)))
+                        .collect(),
+                ));
+            }
+            "unless" => {
+                let right: std::collections::HashSet<Labels> =
+                    rhs.iter().map(|s| signature(&s.labels)).collect();
+                return Ok(Value::Vector(
+                    lhs.into_iter()
+                        .filter(|s| !right.contains(&signature(&s.labels)))
+                        .collect(),
+                ));
+            }
+            "or" => {
+                let left: std::collections::HashSet<Labels> =
+                    lhs.iter().map(|s| signature(&s.labels)).collect();
+                let mut out = lhs;
+                out.extend(
+                    rhs.into_iter()
+                        .filter(|s| !left.contains(&signature(&s.labels))),
+                );
+                return Ok(Value::Vector(out));
+            }
+            _ => {}
+        }
+        let comparison = is_comparison(op);
+        let return_bool = b.return_bool();
+        // the "one" side, by signature
+        let (one, many, swapped) = match card {
+            VectorMatchCardinality::OneToMany(_) => (lhs, rhs, true),
+            _ => (rhs, lhs, false),
+        };
+        let mut ones: HashMap<Labels, Sample> = HashMap::new();
+        for s in one {
+            let sig = signature(&s.labels);
+            if ones.insert(sig, s).is_some() {
+                let side = if swapped { "left" } else { "right" };
+                return Err(PromError::execution(format!(
+                    "found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
+                )));
+            }
+        }
+        let include: &[String] = match card {
+            VectorMatchCardinality::ManyToOne(ls) | VectorMatchCardinality::OneToMany(ls) => {
+                &ls.labels
+            }
+            _ => &[],
+        };
+        let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
+        let mut out = Vec::new();
+        let mut seen: HashMap<Labels, ()> = HashMap::new();
+        for m in many {
+            let sig = signature(&m.labels);
+            let Some(o) = ones.get(&sig) else { continue };
+            let (l, r) = if swapped { (o, &m) } else { (&m, o) };
+            let (v, keep) = apply(op, l.v, r.v);
+            if comparison && !return_bool && !keep {
+                continue;
+            }
+            let mut labels = m.labels.clone();
+            if one_to_one {
+                match matching {
+                    Some(LabelModifier::Include(ls)) => {
+                        labels.retain(|(k, _)| ls.labels.iter().any(|x| x == k))
+                    }
+                    Some(LabelModifier::Exclude(ls)) => {
+                        labels.retain(|(k, _)| !ls.labels.iter().any(|x| x == k))
+                    }
+                    None => {}
+                }
+            }
+            if !comparison || return_bool {
+                drop_name(&mut labels);
+            }
+            for name in include {
+                match get(&o.labels, name) {
+                    Some(v) => insert(&mut labels, name.clone(), v.to_owned()),
+                    None => labels.retain(|(k, _)| k != name),
+                }
+            }
+            if one_to_one && seen.insert(labels.clone(), ()).is_some() {
+                return Err(PromError::execution(
+                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)",
+                ));
+            }
+            let value = if comparison {
+                if return_bool {
+                    if keep { 1.0 } else { 0.0 }
+                } else {
+                    l.v
+                }
+            } else {
+                v
+            };
+            out.push(Sample {
+                labels,
+                v: value,
+                t: ts,
+            });
+        }
+        Ok(Value::Vector(out))
+    }
+}
+
+/// The matchers of a selector, its name among them.
+fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
+    let mut out = vs.matchers.matchers.clone();
+    if let Some(name) = &vs.name
+        && !out.iter().any(|m| m.name == "__name__")
+    {
+        out.push(Matcher::new(
+            promql_parser::label::MatchOp::Equal,
+            "__name__",
+            name,
+        ));
+    }
+    out
+}
+
+pub(super) fn drop_name(labels: &mut Labels) {
+    labels.retain(|(k, _)| k != "__name__");
+}
+
+fn is_comparison(op: &str) -> bool {
+    matches!(op, "==" | "!=" | ">" | "<" | ">=" | "<=")
+}
+
+/// The result of an arithmetic operator, and whether a comparison holds.
+fn apply(op: &str, x: f64, y: f64) -> (f64, bool) {
+    match op {
+        "+" => (x + y, true),
+        "-" => (x - y, true),
+        "*" => (x * y, true),
+        "/" => (x / y, true),
+        "%" => (x % y, true),
+        "^" => (x.powf(y), true),
+        "atan2" => (x.atan2(y), true),
+        "==" => (x, x == y),
+        "!=" => (x, x != y),
+        ">" => (x, x > y),
+        "<" => (x, x < y),
+        ">=" => (x, x >= y),
+        "<=" => (x, x <= y),
+        _ => (f64::NAN, false),
+    }
+}
+
+/// A vector and a scalar (`scalar_left`: the scalar is the left operand).
+fn scalar_op(
+    op: &str,
+    v: Vec<Sample>,
+    y: f64,
+    scalar_left: bool,
+    comparison: bool,
+    return_bool: bool,
+) -> Vec<Sample> {
+    let mut out = Vec::with_capacity(v.len());
+    for mut s in v {
+        let (l, r) = if scalar_left { (y, s.v) } else { (s.v, y) };
+        let (value, keep) = apply(op, l, r);
+        if comparison {
+            if return_bool {
+                s.v = if keep { 1.0 } else { 0.0 };
+                drop_name(&mut s.labels);
+            } else if !keep {
+                continue;
+            } else {
+                // the vector's value passes through
+                s.v = if scalar_left { r } else { l };
+            }
+        } else {
+            s.v = value;
+            drop_name(&mut s.labels);
+        }
+        out.push(s);
+    }
+    out
+}
+
+pub(super) fn mean(values: &[f64]) -> f64 {
+    let mut mean = 0.0f64;
+    for (i, v) in values.iter().enumerate() {
+        let n = (i + 1) as f64;
+        if mean.is_infinite() {
+            if v.is_infinite() && (mean > 0.0) == (*v > 0.0) {
+                continue;
+            }
+            if !v.is_infinite() && !v.is_nan() {
+                continue;
+            }
+        }
+        mean += v / n - mean / n;
+    }
+    mean
+}
+
+pub(super) fn variance(values: &[f64]) -> f64 {
+    let (mut count, mut mean, mut m2) = (0.0, 0.0, 0.0);
+    for v in values {
+        count += 1.0;
+        let delta = v - mean;
+        mean += delta / count;
+        m2 += delta * (v - mean);
+    }
+    m2 / count
+}
+
+/// Prometheus's quantile: linear interpolation between the closest ranks.
+pub(super) fn quantile(q: f64, mut values: Vec<f64>) -> f64 {
+    if values.is_empty() || q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len() as f64;
+    let rank = q * (n - 1.0);
+    let lower = rank.floor().max(0.0);
+    let upper = (lower + 1.0).min(n - 1.0);
+    let weight = rank - rank.floor();
+    values[lower as usize] * (1.0 - weight) + values[upper as usize] * weight
+}

@@ -1,0 +1,325 @@
+//! The Prometheus series a selector chooses, and their samples.
+//!
+//! A stored series shows as one or more Prometheus series: a gauge or sum as its translated
+//! name ([`super::names`]); a histogram as `_bucket` series (one per upper bound `le`, counts
+//! cumulative, `+Inf` last), `_count` and `_sum`; an exponential histogram as `_count` and
+//! `_sum`; a summary as one series per `quantile` plus `_count` and `_sum`. The original OTLP
+//! name is accepted in place of the translated base name (`{"gpu.memory.used"}`), and a label
+//! matcher may name a label by its original key (`{"worker.id"="w-7"}`). Selection first
+//! narrows stored series with the catalog's postings (names and label equalities), then reads
+//! only those series' points in the time range, then checks every matcher on the shown labels.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use promql_parser::label::{MatchOp, Matcher};
+use roaring::RoaringBitmap;
+use weft_storage::Store;
+use weft_storage::model::{MetricKind, MetricPoint, PointValue, Series, SeriesId, TenantId};
+use weft_storage::store::{SeriesCatalog, Snapshot};
+
+use super::names::{label_name, series_name};
+use super::{Labels, PromError};
+
+/// Prometheus's stale marker.
+pub const STALE_NAN: u64 = 0x7ff0_0000_0000_0002;
+
+pub fn is_stale(v: f64) -> bool {
+    v.to_bits() == STALE_NAN
+}
+
+/// One shown series with its samples (milliseconds, ascending).
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    pub labels: Labels,
+    pub ts: Vec<i64>,
+    pub vs: Vec<f64>,
+}
+
+/// What a query reads: one tenant's series and points as of one snapshot.
+pub struct Source {
+    store: Arc<Store>,
+    tenant: TenantId,
+    snapshot: Snapshot<MetricPoint>,
+    catalog: Arc<RwLock<SeriesCatalog>>,
+}
+
+/// A stored series that may show, with the parts of it whose shown name passes.
+pub(super) type Candidate = (SeriesId, Arc<Series>, Vec<(Part, String)>);
+
+/// Which part of a stored series' points a shown series is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Part {
+    Value,
+    Buckets,
+    Count,
+    Sum,
+    Quantiles,
+}
+
+fn parts(kind: MetricKind) -> &'static [(Part, &'static str)] {
+    match kind {
+        MetricKind::Gauge | MetricKind::Sum => &[(Part::Value, "")],
+        MetricKind::Histogram => &[
+            (Part::Buckets, "_bucket"),
+            (Part::Count, "_count"),
+            (Part::Sum, "_sum"),
+        ],
+        MetricKind::ExponentialHistogram => &[(Part::Count, "_count"), (Part::Sum, "_sum")],
+        MetricKind::Summary => &[
+            (Part::Quantiles, ""),
+            (Part::Count, "_count"),
+            (Part::Sum, "_sum"),
+        ],
+    }
+}
+
+/// A float as Prometheus prints a label value (`le`, `quantile`).
+pub fn format_float(v: f64) -> String {
+    if v == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else if v.is_nan() {
+        "NaN".to_owned()
+    } else {
+        format!("{v}")
+    }
+}
+
+impl Source {
+    pub fn new(store: Arc<Store>, tenant: TenantId) -> Self {
+        let snapshot = store.metric_snapshot(&tenant);
+        let catalog = store.series_catalog(&tenant).unwrap_or_default();
+        Self {
+            store,
+            tenant,
+            snapshot,
+            catalog,
+        }
+    }
+
+    /// The stored series that may show as a series the matchers choose, each with the parts
+    /// of it whose shown name passes the name matchers.
+    pub(super) fn candidates(&self, matchers: &[&Matcher]) -> Vec<Candidate> {
+        let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+        let mut set: Option<RoaringBitmap> = None;
+        for m in matchers {
+            if m.name == "__name__" || m.op != MatchOp::Equal || m.value.is_empty() {
+                continue;
+            }
+            let mut found = RoaringBitmap::new();
+            for (key, values) in c.labels() {
+                if (*key == m.name || label_name(key) == m.name)
+                    && let Some(s) = values.get(&m.value)
+                {
+                    found |= s;
+                }
+            }
+            set = Some(match set {
+                Some(s) => s & found,
+                None => found,
+            });
+        }
+        let names: Vec<&&Matcher> = matchers.iter().filter(|m| m.name == "__name__").collect();
+        let mut out = Vec::new();
+        let mut base_names: HashMap<(String, String, MetricKind, bool), String> = HashMap::new();
+        for (name, ids) in c.names() {
+            let ids = match &set {
+                Some(s) => ids & s,
+                None => ids.clone(),
+            };
+            for id in ids.iter() {
+                let Some(series) = c.get(id) else { continue };
+                let key = (
+                    name.clone(),
+                    series.unit.clone(),
+                    series.kind,
+                    series.monotonic,
+                );
+                let base = base_names
+                    .entry(key)
+                    .or_insert_with(|| series_name(series))
+                    .clone();
+                let mut chosen = Vec::new();
+                for (part, suffix) in parts(series.kind) {
+                    let shown = format!("{base}{suffix}");
+                    let original = format!("{name}{suffix}");
+                    let pass = |n: &str| names.iter().all(|m| m.is_match(n));
+                    if pass(&shown) {
+                        chosen.push((*part, shown));
+                    } else if original != shown && pass(&original) {
+                        // addressed by its OTLP name: shown under the translated one
+                        chosen.push((*part, shown));
+                    }
+                }
+                if !chosen.is_empty() {
+                    out.push((id, series.clone(), chosen));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every shown series the matchers choose, with its samples in `[from, to]` (ms).
+    pub fn select(
+        &self,
+        matchers: &[&Matcher],
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<Loaded>, PromError> {
+        if matchers.iter().all(|m| m.is_match("")) {
+            return Err(PromError::bad_data(
+                "vector selector must contain at least one non-empty matcher",
+            ));
+        }
+        let candidates = self.candidates(matchers);
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _)| *id).collect();
+        let points = self
+            .store
+            .metric_points(
+                &self.tenant,
+                &self.snapshot,
+                Some(from.max(0) as u64 * 1_000_000),
+                Some(to.max(0) as u64 * 1_000_000 + 999_999),
+                Some(&ids),
+            )
+            .map_err(|e| PromError::internal(e.to_string()))?;
+        let mut by_series: HashMap<SeriesId, Vec<&MetricPoint>> = HashMap::new();
+        for p in &points {
+            by_series.entry(p.series).or_default().push(p);
+        }
+        let mut out = Vec::new();
+        for (id, series, chosen) in candidates {
+            let Some(points) = by_series.get(&id) else {
+                continue;
+            };
+            let base: Labels = shown_labels(&series);
+            for (part, name) in chosen {
+                for mut loaded in expand(part, points) {
+                    let mut labels = base.clone();
+                    for (k, v) in loaded.labels.drain(..) {
+                        insert(&mut labels, k, v);
+                    }
+                    insert(&mut labels, "__name__".to_owned(), name.clone());
+                    loaded.labels = labels;
+                    // names were checked on the candidates (shown or OTLP name)
+                    let ok = matchers.iter().filter(|m| m.name != "__name__").all(|m| {
+                        let value = get(&loaded.labels, &m.name)
+                            .or_else(|| original_label(&series, &m.name))
+                            .unwrap_or("");
+                        m.is_match(value)
+                    });
+                    if ok && !loaded.ts.is_empty() {
+                        out.push(loaded);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(out)
+    }
+
+    /// Label names (shown) of the series the matchers choose (all series when none).
+    pub fn catalog(&self) -> Arc<RwLock<SeriesCatalog>> {
+        self.catalog.clone()
+    }
+}
+
+/// A series' labels under their shown names.
+pub fn shown_labels(series: &Series) -> Labels {
+    let mut out = Labels::new();
+    for (k, v) in &series.labels {
+        insert(&mut out, label_name(k), v.clone());
+    }
+    out
+}
+
+fn original_label<'s>(series: &'s Series, name: &str) -> Option<&'s str> {
+    series.label(name)
+}
+
+pub fn get<'l>(labels: &'l Labels, name: &str) -> Option<&'l str> {
+    labels
+        .binary_search_by(|(k, _)| k.as_str().cmp(name))
+        .ok()
+        .map(|i| labels[i].1.as_str())
+}
+
+pub fn insert(labels: &mut Labels, k: String, v: String) {
+    match labels.binary_search_by(|(x, _)| x.as_str().cmp(&k)) {
+        Ok(i) => labels[i].1 = v,
+        Err(i) => labels.insert(i, (k, v)),
+    }
+}
+
+/// The shown series of one part of a stored series' points (each with only the labels the
+/// part adds: `le`, `quantile`).
+fn expand(part: Part, points: &[&MetricPoint]) -> Vec<Loaded> {
+    let ms = |p: &MetricPoint| (p.time.0 / 1_000_000) as i64;
+    let single = |f: &dyn Fn(&PointValue) -> Option<f64>| {
+        let mut l = Loaded::default();
+        for p in points {
+            if let Some(v) = f(&p.value) {
+                l.ts.push(ms(p));
+                l.vs.push(v);
+            }
+        }
+        vec![l]
+    };
+    match part {
+        Part::Value => single(&|v| match v {
+            PointValue::Number(x) => Some(*x),
+            _ => None,
+        }),
+        Part::Count => single(&|v| v.count().map(|c| c as f64)),
+        Part::Sum => single(&PointValue::sum),
+        Part::Buckets => {
+            let mut by_le: BTreeMap<String, (f64, Loaded)> = BTreeMap::new();
+            for p in points {
+                let PointValue::Histogram { bounds, counts, .. } = &p.value else {
+                    continue;
+                };
+                let mut cumulative = 0u64;
+                for (i, c) in counts.iter().enumerate() {
+                    cumulative += c;
+                    let le = bounds.get(i).copied().unwrap_or(f64::INFINITY);
+                    let entry = by_le
+                        .entry(format_float(le))
+                        .or_insert_with(|| (le, Loaded::default()));
+                    entry.1.ts.push(ms(p));
+                    entry.1.vs.push(cumulative as f64);
+                }
+            }
+            by_le
+                .into_iter()
+                .map(|(le, (_, mut l))| {
+                    l.labels.push(("le".to_owned(), le));
+                    l
+                })
+                .collect()
+        }
+        Part::Quantiles => {
+            let mut by_q: BTreeMap<String, Loaded> = BTreeMap::new();
+            for p in points {
+                let PointValue::Summary { quantiles, .. } = &p.value else {
+                    continue;
+                };
+                for (q, v) in quantiles {
+                    let entry = by_q.entry(format_float(*q)).or_default();
+                    entry.ts.push(ms(p));
+                    entry.vs.push(*v);
+                }
+            }
+            by_q.into_iter()
+                .map(|(q, mut l)| {
+                    l.labels.push(("quantile".to_owned(), q));
+                    l
+                })
+                .collect()
+        }
+    }
+}
