@@ -1,6 +1,6 @@
 //! The `weft` server: configuration, the OTLP receivers (HTTP and gRPC), the query API
-//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol; Tempo, Jaeger and Prometheus
-//! surfaces come with their issues),
+//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol, the Prometheus API; Tempo and
+//! Jaeger surfaces come with their issues),
 //! health and self-metrics, and the process lifecycle.
 //!
 //! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
@@ -12,6 +12,7 @@ pub mod error;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;
+pub mod prometheus;
 pub mod server;
 pub mod sql;
 pub mod state;

@@ -50,7 +50,7 @@ pub fn parse_time(text: &str) -> Result<u64, String> {
     parse_rfc3339(t).ok_or_else(|| format!("{text:?} is neither RFC 3339 nor Unix nanoseconds"))
 }
 
-fn parse_rfc3339(t: &str) -> Option<u64> {
+pub(crate) fn parse_rfc3339(t: &str) -> Option<u64> {
     let b = t.as_bytes();
     // only ASCII digits: `parse` would also take a sign
     let num = |r: std::ops::Range<usize>| -> Option<i64> {

@@ -141,6 +141,18 @@ pub fn series_name(s: &Series) -> String {
     metric_name(&s.name, &s.unit, s.kind, s.monotonic)
 }
 
+/// A unit as Prometheus's metadata shows it (`By` → `bytes`, `By/s` → `bytes_per_second`).
+pub fn unit_suffix(unit: &str) -> String {
+    let (main, per) = unit_suffixes(unit);
+    let (main, per) = (clean_unit(&main), clean_unit(&per));
+    let joined = match (main.is_empty(), per.is_empty()) {
+        (false, false) => format!("{main}_{per}"),
+        (false, true) => main,
+        _ => per,
+    };
+    joined.trim_matches('_').to_owned()
+}
+
 /// A label key as Prometheus shows it.
 pub fn label_name(key: &str) -> String {
     if key.starts_with("__") && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {

@@ -223,9 +223,100 @@ impl Source {
         Ok(out)
     }
 
-    /// Label names (shown) of the series the matchers choose (all series when none).
-    pub fn catalog(&self) -> Arc<RwLock<SeriesCatalog>> {
-        self.catalog.clone()
+    /// The label sets of every stored series as shown, one per part (without `le` and
+    /// `quantile`, which only points tell): what label and series listings answer when no
+    /// selector narrows them.
+    pub fn all_label_sets(&self) -> Vec<Labels> {
+        let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for id in 0..c.len() as u32 {
+            let Some(series) = c.get(id) else { continue };
+            let base = series_name(series);
+            let labels = shown_labels(series);
+            for (_, suffix) in parts(series.kind) {
+                let mut l = labels.clone();
+                insert(&mut l, "__name__".to_owned(), format!("{base}{suffix}"));
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    /// Each shown metric name with its Prometheus type, help and unit.
+    pub fn metadata(&self) -> BTreeMap<String, (&'static str, String, String)> {
+        let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = BTreeMap::new();
+        for id in 0..c.len() as u32 {
+            let Some(s) = c.get(id) else { continue };
+            let kind = match s.kind {
+                MetricKind::Gauge => "gauge",
+                MetricKind::Sum if s.monotonic => "counter",
+                MetricKind::Sum => "gauge",
+                MetricKind::Histogram | MetricKind::ExponentialHistogram => "histogram",
+                MetricKind::Summary => "summary",
+            };
+            out.entry(series_name(s)).or_insert_with(|| {
+                (
+                    kind,
+                    s.description.clone(),
+                    super::names::unit_suffix(&s.unit),
+                )
+            });
+        }
+        out
+    }
+
+    /// Exemplars of the series the matchers choose in `[from, to]` (ms): (shown labels of the
+    /// series, [(exemplar labels, value, time ms)]).
+    pub fn exemplars(
+        &self,
+        matchers: &[&Matcher],
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(Labels, Vec<(Labels, f64, i64)>)>, PromError> {
+        let candidates = self.candidates(matchers);
+        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _)| *id).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let points = self
+            .store
+            .metric_points(
+                &self.tenant,
+                &self.snapshot,
+                Some(from.max(0) as u64 * 1_000_000),
+                Some(to.max(0) as u64 * 1_000_000 + 999_999),
+                Some(&ids),
+            )
+            .map_err(|e| PromError::internal(e.to_string()))?;
+        let mut out = Vec::new();
+        for (id, series, chosen) in candidates {
+            let mut found = Vec::new();
+            for p in points.iter().filter(|p| p.series == id) {
+                for e in &p.exemplars {
+                    let mut labels = Labels::new();
+                    for (k, v) in &e.filtered {
+                        insert(&mut labels, label_name(k), v.clone());
+                    }
+                    if let Some(t) = e.trace_id {
+                        insert(&mut labels, "trace_id".to_owned(), t.to_hex());
+                    }
+                    if let Some(s) = e.span_id {
+                        insert(&mut labels, "span_id".to_owned(), s.to_hex());
+                    }
+                    let t = if e.time.0 == 0 { p.time.0 } else { e.time.0 };
+                    found.push((labels, e.value, (t / 1_000_000) as i64));
+                }
+            }
+            if found.is_empty() {
+                continue;
+            }
+            let mut labels = shown_labels(&series);
+            let name = chosen.first().map(|(_, n)| n.clone()).unwrap_or_default();
+            insert(&mut labels, "__name__".to_owned(), name);
+            out.push((labels, found));
+        }
+        Ok(out)
     }
 }
 
