@@ -44,6 +44,9 @@ pub struct Source {
     catalog: Arc<RwLock<SeriesCatalog>>,
 }
 
+/// A shown series' labels with its exemplars: (exemplar labels, value, time ms).
+pub type SeriesExemplars = (Labels, Vec<(Labels, f64, i64)>);
+
 /// A stored series that may show, with the parts of it whose shown name passes.
 pub(super) type Candidate = (SeriesId, Arc<Series>, Vec<(Part, String)>);
 
@@ -273,7 +276,7 @@ impl Source {
         matchers: &[&Matcher],
         from: i64,
         to: i64,
-    ) -> Result<Vec<(Labels, Vec<(Labels, f64, i64)>)>, PromError> {
+    ) -> Result<Vec<SeriesExemplars>, PromError> {
         let candidates = self.candidates(matchers);
         let ids: RoaringBitmap = candidates.iter().map(|(id, _, _)| *id).collect();
         if ids.is_empty() {
