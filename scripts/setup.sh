@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing Weft needs, when it is missing: clang and libclang (RocksDB's
-# bindings), mold (a fast linker), psql (the PostgreSQL client the SQL tests drive), and a Python
+# bindings), mold (a fast linker), psql (the PostgreSQL client the SQL tests drive), Prometheus
+# and promtool (the PromQL answers are checked against a real Prometheus), and a Python
 # virtual environment with the OpenTelemetry SDK, psycopg, asyncpg and pytest for the client tests. Safe to run again: it only installs what is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,7 @@ command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v mold >/dev/null 2>&1 || need_apt+=(mold)
 if [ "${1:-}" = "--python" ]; then
   command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
+  command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 fi
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
   need_apt+=(libclang-dev)

@@ -331,7 +331,7 @@ fn selectors(params: &Params) -> Result<Vec<Vec<Matcher>>, PromError> {
 fn label_sets(source: &Source, params: &Params) -> Result<Vec<Labels>, PromError> {
     let matchers = selectors(params)?;
     if matchers.is_empty() {
-        return Ok(source.all_label_sets());
+        return source.all_label_sets();
     }
     let start = params.time("start", 0)?;
     let end = params.time("end", now_ms())?;

@@ -672,7 +672,7 @@ impl<'a> Evaluator<'a> {
                     None => {}
                 }
             }
-            if !comparison || return_bool {
+            if drops_name(op) || (comparison && return_bool) {
                 drop_name(&mut labels);
             }
             for name in include {
@@ -724,6 +724,11 @@ pub(super) fn drop_name(labels: &mut Labels) {
     labels.retain(|(k, _)| k != "__name__");
 }
 
+/// Arithmetic drops the metric name (Prometheus 2 keeps it for `atan2`).
+fn drops_name(op: &str) -> bool {
+    matches!(op, "+" | "-" | "*" | "/" | "%" | "^")
+}
+
 fn is_comparison(op: &str) -> bool {
     matches!(op, "==" | "!=" | ">" | "<" | ">=" | "<=")
 }
@@ -773,7 +778,9 @@ fn scalar_op(
             }
         } else {
             s.v = value;
-            drop_name(&mut s.labels);
+            if drops_name(op) {
+                drop_name(&mut s.labels);
+            }
         }
         out.push(s);
     }

@@ -252,7 +252,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
                 _ => Err(PromError::bad_data("label_replace takes string arguments")),
             };
             let (dst, replacement, src, pattern) = (text(1)?, text(2)?, text(3)?, text(4)?);
-            let re = regex::Regex::new(&format!("^(?s:{pattern})$")).map_err(|e| {
+            let re = regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
                 PromError::bad_data(format!(
                     "invalid regular expression in label_replace(): {e}"
                 ))

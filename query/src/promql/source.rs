@@ -108,7 +108,9 @@ impl Source {
         let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
         let mut set: Option<RoaringBitmap> = None;
         for m in matchers {
-            if m.name == "__name__" || m.op != MatchOp::Equal || m.value.is_empty() {
+            // `le` and `quantile` are in the points, not the catalog
+            let from_points = matches!(m.name.as_str(), "le" | "quantile");
+            if m.name == "__name__" || from_points || m.op != MatchOp::Equal || m.value.is_empty() {
                 continue;
             }
             let mut found = RoaringBitmap::new();
@@ -226,23 +228,60 @@ impl Source {
         Ok(out)
     }
 
-    /// The label sets of every stored series as shown, one per part (without `le` and
-    /// `quantile`, which only points tell): what label and series listings answer when no
-    /// selector narrows them.
-    pub fn all_label_sets(&self) -> Vec<Labels> {
-        let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+    /// The label sets of every stored series as shown, one per part: what label and series
+    /// listings answer when no selector narrows them. Only histograms and summaries have
+    /// their points read (their `le` and `quantile` labels are in the points).
+    pub fn all_label_sets(&self) -> Result<Vec<Labels>, PromError> {
         let mut out = Vec::new();
-        for id in 0..c.len() as u32 {
-            let Some(series) = c.get(id) else { continue };
-            let base = series_name(series);
-            let labels = shown_labels(series);
-            for (_, suffix) in parts(series.kind) {
-                let mut l = labels.clone();
-                insert(&mut l, "__name__".to_owned(), format!("{base}{suffix}"));
-                out.push(l);
+        let mut detailed = RoaringBitmap::new();
+        {
+            let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+            for id in 0..c.len() as u32 {
+                let Some(series) = c.get(id) else { continue };
+                let base = series_name(series);
+                let labels = shown_labels(series);
+                for (part, suffix) in parts(series.kind) {
+                    if matches!(part, Part::Buckets | Part::Quantiles) {
+                        detailed.insert(id);
+                        continue;
+                    }
+                    let mut l = labels.clone();
+                    insert(&mut l, "__name__".to_owned(), format!("{base}{suffix}"));
+                    out.push(l);
+                }
             }
         }
-        out
+        if !detailed.is_empty() {
+            let points = self
+                .store
+                .metric_points(&self.tenant, &self.snapshot, None, None, Some(&detailed))
+                .map_err(|e| PromError::internal(e.to_string()))?;
+            let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+            for id in detailed.iter() {
+                let Some(series) = c.get(id) else { continue };
+                let mine: Vec<&MetricPoint> = points.iter().filter(|p| p.series == id).collect();
+                for (part, suffix) in parts(series.kind) {
+                    if !matches!(part, Part::Buckets | Part::Quantiles) {
+                        continue;
+                    }
+                    for loaded in expand(*part, &mine) {
+                        let mut l = shown_labels(series);
+                        for (k, v) in loaded.labels {
+                            insert(&mut l, k, v);
+                        }
+                        insert(
+                            &mut l,
+                            "__name__".to_owned(),
+                            format!("{}{suffix}", series_name(series)),
+                        );
+                        out.push(l);
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     /// Each shown metric name with its Prometheus type, help and unit.
