@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// a block whole; 0 flushes every row at once [default: 2].
     #[arg(long, env = "WEFT_PARENT_WAIT_FLUSHES")]
     pub parent_wait_flushes: Option<u8>,
+    /// How often metrics derived from spans (span metrics, service graph, LLM latencies) are
+    /// written, e.g. 15s; 0 turns their derivation off [default: 15s].
+    #[arg(long, env = "WEFT_SPAN_METRICS_INTERVAL")]
+    pub span_metrics_interval: Option<String>,
     /// Compression of column chunks: zstd (where it pays) or none, so that a byte search of
     /// the data directory finds every stored value [default: zstd].
     #[arg(long, env = "WEFT_COMPRESSION")]
@@ -133,6 +137,7 @@ struct FileConfig {
     cache_bytes: Option<usize>,
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
+    span_metrics_interval: Option<String>,
     compression: Option<String>,
     retention: Option<String>,
     spans_retention: Option<String>,
@@ -165,6 +170,8 @@ pub struct Config {
     pub sql: SqlConfig,
     pub redaction: weft_ingest::redact::RedactionPolicy,
     pub log: String,
+    /// How often span-derived metrics are written; zero: not derived.
+    pub span_metrics_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -362,7 +369,13 @@ impl Config {
             .or(file.redaction.unwrap_or_default()),
             &file.tenants,
         )?;
+        let span_metrics_interval = duration(
+            "span_metrics_interval",
+            args.span_metrics_interval.or(file.span_metrics_interval),
+            Duration::from_secs(15),
+        )?;
         Ok(Self {
+            span_metrics_interval,
             redaction,
             pg_listen: addr(
                 "pg_listen",

@@ -102,9 +102,12 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
             source,
         })?;
     let store = Arc::new(store);
-    let ingester = Arc::new(
-        Ingester::new(store.clone(), config.limits).with_redaction(config.redaction.clone()),
-    );
+    let mut ingester =
+        Ingester::new(store.clone(), config.limits).with_redaction(config.redaction.clone());
+    if !config.span_metrics_interval.is_zero() {
+        ingester = ingester.with_span_metrics();
+    }
+    let ingester = Arc::new(ingester);
     let state: SharedState = Arc::new(AppState {
         store: store.clone(),
         ingester,
@@ -156,6 +159,26 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         startup_ms = started.elapsed().as_millis() as u64,
         "weft is ready"
     );
+    if !config.span_metrics_interval.is_zero() {
+        let ingester = state.ingester.clone();
+        let every = config.span_metrics_interval;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => break,
+                }
+                let ingester = ingester.clone();
+                let result = tokio::task::spawn_blocking(move || ingester.flush_derived()).await;
+                if let Ok(Err(e)) = result {
+                    tracing::warn!(error = %e, "span-derived metrics not written; retried next interval");
+                }
+            }
+        });
+    }
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down: no new requests, flushing");
@@ -183,7 +206,11 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         pg,
     );
     let closing = store.clone();
+    let ingester = state.ingester.clone();
     tokio::task::spawn_blocking(move || {
+        if let Err(e) = ingester.flush_derived() {
+            tracing::warn!(error = %e, "span-derived metrics not written at stop");
+        }
         background.stop();
         closing.close()
     })

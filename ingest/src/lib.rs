@@ -6,6 +6,7 @@
 //! read data back; it only turns bytes on the wire into stored rows, or into a precise error.
 
 pub mod body;
+pub mod derived;
 pub mod error;
 pub mod otlp;
 pub mod pipeline;

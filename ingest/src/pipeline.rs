@@ -143,6 +143,8 @@ pub struct Ingester {
     limits: Limits,
     redaction: crate::redact::RedactionPolicy,
     inflight: Arc<Semaphore>,
+    /// Metrics derived from the spans this ingester stores (none when off).
+    derived: Option<Arc<crate::derived::SpanMetrics>>,
     pub stats: IngestStats,
 }
 
@@ -156,7 +158,25 @@ impl Ingester {
             limits,
             redaction: Default::default(),
             inflight: Arc::new(Semaphore::new(permits)),
+            derived: None,
             stats: IngestStats::default(),
+        }
+    }
+
+    /// Derives span metrics, the service graph and LLM latency metrics from stored spans
+    /// (written by [`Self::flush_derived`]).
+    pub fn with_span_metrics(mut self) -> Self {
+        self.derived = Some(Arc::new(crate::derived::SpanMetrics::new(
+            self.store.options().clock.now(),
+        )));
+        self
+    }
+
+    /// Writes the derived metrics accumulated so far; returns how many points it wrote.
+    pub fn flush_derived(&self) -> Result<usize, IngestError> {
+        match &self.derived {
+            Some(d) => Ok(d.flush(&self.store, self.store.options().clock.now())?),
+            None => Ok(0),
         }
     }
 

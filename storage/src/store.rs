@@ -588,16 +588,33 @@ impl Store {
     /// that another request is writing right now are waited for, so that the answer is given
     /// only once every span of the request is durable, whichever request wrote it.
     pub fn append(&self, tenant: &TenantId, spans: Vec<SpanRecord>) -> Result<AppendOutcome> {
-        self.append_rows(tenant, spans)
+        self.append_rows(tenant, spans, |_| {})
+    }
+
+    /// [`Self::append`], handing `written` each batch of spans this call made durable (not
+    /// those another request wrote, nor duplicates): what is derived from spans at ingest
+    /// counts each span once, however often a client sends it.
+    pub fn append_observed(
+        &self,
+        tenant: &TenantId,
+        spans: Vec<SpanRecord>,
+        written: impl FnMut(&[SpanRecord]),
+    ) -> Result<AppendOutcome> {
+        self.append_rows(tenant, spans, written)
     }
 
     /// [`Self::append`] for log records (a record equal in every field to one already held,
     /// at the same nanosecond, is a retry and is stored once).
     pub fn append_logs(&self, tenant: &TenantId, logs: Vec<LogRecord>) -> Result<AppendOutcome> {
-        self.append_rows(tenant, logs)
+        self.append_rows(tenant, logs, |_| {})
     }
 
-    fn append_rows<R: Lane>(&self, tenant: &TenantId, rows: Vec<R>) -> Result<AppendOutcome> {
+    fn append_rows<R: Lane>(
+        &self,
+        tenant: &TenantId,
+        rows: Vec<R>,
+        mut written: impl FnMut(&[R]),
+    ) -> Result<AppendOutcome> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StorageError::ShuttingDown);
         }
@@ -608,7 +625,9 @@ impl Store {
             let reserved = self.reserve(tenant, rows)?;
             stored += reserved.fresh.len();
             if !reserved.fresh.is_empty() {
-                self.write_ahead(tenant, reserved.seq, reserved.fresh, reserved.fresh_ids)?;
+                let durable =
+                    self.write_ahead(tenant, reserved.seq, reserved.fresh, reserved.fresh_ids)?;
+                written(&durable);
             }
             // a write that failed left its rows unreserved: this request writes them
             rows = reserved
@@ -692,7 +711,7 @@ impl Store {
         seq: u64,
         fresh: Vec<R>,
         ids: Vec<R::Id>,
-    ) -> Result<()> {
+    ) -> Result<Arc<Vec<R>>> {
         let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
         let written = self.write_hook(fresh.len()).and_then(|()| {
@@ -714,6 +733,7 @@ impl Store {
             write = t.in_flight.remove(&id).or(write);
         }
         let durable = written.is_ok();
+        let fresh = Arc::new(fresh);
         if durable {
             self.stats
                 .rows_appended
@@ -722,13 +742,13 @@ impl Store {
                 .last_append_ms
                 .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
             self.idle_flushed.store(false, Ordering::Release);
-            t.head.push(key, Arc::new(fresh), Instant::now());
+            t.head.push(key, fresh.clone(), Instant::now());
         }
         drop(state);
         if let Some(write) = write {
             write.finish(durable);
         }
-        written
+        written.map(|()| fresh)
     }
 
     #[cfg(not(test))]

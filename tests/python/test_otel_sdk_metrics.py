@@ -4,7 +4,9 @@ and OTLP/gRPC, read back with SQL through the PostgreSQL endpoint; and OTLP/JSON
 with points that must be refused alone."""
 
 import json
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import psycopg
@@ -150,3 +152,55 @@ def test_json_metric_exports_reject_bad_points_alone(weft):
     status, body = post_json(weft, tenant, {"resourceMetrics": [{"scopeMetrics": [{"metrics": [
         {"name": "x", "gauge": {"dataPoints": [{"asDouble": "lots"}]}}]}]}]})
     assert status == 400 and "dataPoints[0].asDouble" in body["message"], body
+
+
+def test_span_metrics_are_derived_from_sdk_spans_and_served_to_promql(tmp_path):
+    from conftest import Weft
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import SpanKind
+
+    weft = Weft(tmp_path / "data", ("--span-metrics-interval", "1s"))
+    try:
+        def provider(service):
+            p = TracerProvider(resource=Resource.create({"service.name": service}))
+            p.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{weft.otlp_http}/v1/traces")))
+            return p
+        gateway, engine = provider("gateway"), provider("engine")
+        from opentelemetry import context, trace
+        for i in range(3):
+            with gateway.get_tracer("t").start_as_current_span("chat llama", kind=SpanKind.CLIENT) as client:
+                ctx = trace.set_span_in_context(client)
+                with engine.get_tracer("t").start_as_current_span(
+                        "llm.generate", kind=SpanKind.SERVER, context=ctx,
+                        attributes={"llm.model_version": "v1.3", "worker.id": "w-7",
+                                    "gen_ai.latency.time_to_first_token": 0.05,
+                                    "gen_ai.usage.output_tokens": 11}):
+                    pass
+        context.attach(context.Context())
+        gateway.shutdown()
+        engine.shutdown()
+
+        def promql(q):
+            url = f"{weft.http}/prometheus/api/v1/query?" + urllib.parse.urlencode({"query": q})
+            with urllib.request.urlopen(url) as r:
+                return json.loads(r.read())["data"]["result"]
+
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            calls = promql('sum by (service, span_kind) (traces_spanmetrics_calls_total)')
+            edges = promql('traces_service_graph_request_total')
+            ttft = promql('gen_ai_server_time_to_first_token_seconds_count')
+            if len(calls) == 2 and edges and ttft:
+                break
+            time.sleep(0.5)
+        got = {(c["metric"]["service"], c["metric"]["span_kind"]): c["value"][1] for c in calls}
+        assert got == {("gateway", "SPAN_KIND_CLIENT"): "3", ("engine", "SPAN_KIND_SERVER"): "3"}, calls
+        assert [(e["metric"]["client"], e["metric"]["server"], e["value"][1]) for e in edges] == \
+            [("gateway", "engine", "3")], edges
+        assert ttft[0]["metric"]["llm_model_version"] == "v1.3" and ttft[0]["value"][1] == "3", ttft
+        q = promql('histogram_quantile(0.5, sum by (le) (traces_spanmetrics_latency_bucket{span_name="llm.generate"}))')
+        assert 0 < float(q[0]["value"][1]) < 0.01, q
+    finally:
+        weft.stop()

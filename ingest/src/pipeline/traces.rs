@@ -64,7 +64,12 @@ impl Ingester {
         let outcome = if converted.rows.is_empty() {
             Default::default()
         } else {
-            self.store.append(tenant, converted.rows)?
+            match &self.derived {
+                Some(d) => self
+                    .store
+                    .append_observed(tenant, converted.rows, |spans| d.observe(tenant, spans))?,
+                None => self.store.append(tenant, converted.rows)?,
+            }
         };
         self.stats
             .spans_accepted

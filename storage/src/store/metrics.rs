@@ -261,7 +261,7 @@ impl Store {
         tenant: &TenantId,
         points: Vec<MetricPoint>,
     ) -> Result<AppendOutcome> {
-        self.append_rows(tenant, points)
+        self.append_rows(tenant, points, |_| {})
     }
 
     /// [`Self::snapshot`] of a tenant's metric points.
