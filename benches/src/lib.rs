@@ -6,11 +6,12 @@
 //! errors, Poisson arrivals and optional injected anomalies. The `weft-bench` binary writes it
 //! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups;
 //! [`peers`] runs the canonical SQL queries on Weft, DuckDB and chDB over the same data;
-//! [`logs`] makes the requests' logs.
+//! [`logs`] makes the requests' logs; [`metrics`] the fleet's GPU and engine metrics.
 
 pub mod client;
 pub mod files;
 pub mod generator;
 pub mod logs;
+pub mod metrics;
 pub mod peers;
 pub mod pgclient;

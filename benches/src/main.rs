@@ -18,6 +18,7 @@ use weft_bench::files::{read_otlp, write_otlp, write_parquet};
 use weft_bench::generator::{GenConfig, Generator, Profile, batches};
 
 mod logs_bench;
+mod metrics_bench;
 
 #[derive(Parser)]
 #[command(name = "weft-bench", about = "Load generator and benchmarks for Weft")]
@@ -157,6 +158,33 @@ enum Cmd {
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
     },
+    /// Start a server, send the fleet's GPU and engine metrics, report points/s, peak RSS and
+    /// bytes per point against Prometheus's TSDB, and time a query_range set on both.
+    Metrics {
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus: usize,
+        /// Samples per series (10 s apart).
+        #[arg(long, default_value_t = 360)]
+        steps: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Points per OTLP request.
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Timed runs per query, after one warm-up; the best is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+        /// Extra `weft serve` arguments (repeatable).
+        #[arg(long, allow_hyphen_values = true)]
+        server_arg: Vec<String>,
+    },
     /// Load the same data into Weft, DuckDB and chDB, run the canonical queries on all three,
     /// check that the answers agree, and compare times and bytes per span.
     Peers {
@@ -272,6 +300,33 @@ fn main() -> anyhow::Result<()> {
             runs,
             concurrency,
         } => rt.block_on(peers(data, weft, python, runs, concurrency)),
+        Cmd::Metrics {
+            workers,
+            gpus,
+            steps,
+            seed,
+            batch,
+            concurrency,
+            runs,
+            weft,
+            server_arg,
+        } => {
+            let cfg = weft_bench::metrics::MetricConfig {
+                seed,
+                workers,
+                gpus_per_worker: gpus,
+                steps,
+                batch_points: batch,
+                ..Default::default()
+            };
+            rt.block_on(metrics_bench::metrics(
+                cfg,
+                concurrency,
+                weft,
+                runs,
+                server_arg,
+            ))
+        }
         Cmd::IngestLogs {
             records,
             seed,
