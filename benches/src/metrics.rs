@@ -10,6 +10,7 @@
 //! The same points come out as OTLP requests ([`metric_batches`]) and as OpenMetrics text
 //! ([`write_openmetrics`], for `promtool tsdb create-blocks-from openmetrics`).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -271,10 +272,8 @@ pub fn metric_batches(
 /// The samples as OpenMetrics text, one family after another, each series in time order.
 pub fn write_openmetrics(cfg: &MetricConfig, out: &mut impl Write) -> std::io::Result<()> {
     // family -> series (labels text) -> samples
-    let mut families: std::collections::BTreeMap<
-        &'static str,
-        std::collections::BTreeMap<String, Vec<(u64, f64)>>,
-    > = Default::default();
+    let mut families: BTreeMap<&'static str, BTreeMap<String, Vec<(u64, f64)>>> =
+        Default::default();
     for group in sample_groups(cfg, 64) {
         for s in group {
             let mut labels: Vec<(&str, &str)> =
