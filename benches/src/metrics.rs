@@ -269,11 +269,13 @@ pub fn metric_batches(
     })
 }
 
+/// Each series' (labels text) samples (time ms, value).
+type SeriesPoints = BTreeMap<String, Vec<(u64, f64)>>;
+
 /// The samples as OpenMetrics text, one family after another, each series in time order.
 pub fn write_openmetrics(cfg: &MetricConfig, out: &mut impl Write) -> std::io::Result<()> {
     // family -> series (labels text) -> samples
-    let mut families: BTreeMap<&'static str, BTreeMap<String, Vec<(u64, f64)>>> =
-        Default::default();
+    let mut families: BTreeMap<&'static str, SeriesPoints> = Default::default();
     for group in sample_groups(cfg, 64) {
         for s in group {
             let mut labels: Vec<(&str, &str)> =
