@@ -11,6 +11,7 @@ pub mod eval;
 mod functions;
 pub mod names;
 pub mod source;
+pub mod vocabulary;
 
 use std::fmt;
 

@@ -47,8 +47,9 @@ pub struct Source {
 /// A shown series' labels with its exemplars: (exemplar labels, value, time ms).
 pub type SeriesExemplars = (Labels, Vec<(Labels, f64, i64)>);
 
-/// A stored series that may show, with the parts of it whose shown name passes.
-pub(super) type Candidate = (SeriesId, Arc<Series>, Vec<(Part, String)>);
+/// A stored series that may show, with the parts of it whose shown name passes, and for a
+/// series shown under a canonical name ([`super::vocabulary`]), the factor to its unit.
+pub(super) type Candidate = (SeriesId, Arc<Series>, Vec<(Part, String)>, Option<f64>);
 
 /// Which part of a stored series' points a shown series is.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -159,7 +160,31 @@ impl Source {
                     }
                 }
                 if !chosen.is_empty() {
-                    out.push((id, series.clone(), chosen));
+                    out.push((id, series.clone(), chosen, None));
+                }
+            }
+        }
+        // canonical names: their sources' series, whatever exporter wrote them (label
+        // matchers are checked on the canonical labels afterwards)
+        let pass = |n: &str| names.iter().all(|m| m.is_match(n));
+        for canonical in super::vocabulary::CANONICAL {
+            let shown =
+                super::names::metric_name(canonical.name, canonical.unit, MetricKind::Gauge, false);
+            if names.is_empty() || !(pass(&shown) || pass(canonical.name)) {
+                continue;
+            }
+            for (source, factor) in canonical.sources {
+                for id in c.named(source).iter() {
+                    let Some(series) = c.get(id) else { continue };
+                    if !matches!(series.kind, MetricKind::Gauge | MetricKind::Sum) {
+                        continue;
+                    }
+                    out.push((
+                        id,
+                        series.clone(),
+                        vec![(Part::Value, shown.clone())],
+                        Some(*factor),
+                    ));
                 }
             }
         }
@@ -182,7 +207,7 @@ impl Source {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _)| *id).collect();
+        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _, _)| *id).collect();
         let points = self
             .store
             .metric_points(
@@ -198,13 +223,23 @@ impl Source {
             by_series.entry(p.series).or_default().push(p);
         }
         let mut out = Vec::new();
-        for (id, series, chosen) in candidates {
+        for (id, series, chosen, factor) in candidates {
             let Some(points) = by_series.get(&id) else {
                 continue;
             };
-            let base: Labels = shown_labels(&series);
+            let base: Labels = match factor {
+                Some(_) => canonical_labels(&series),
+                None => shown_labels(&series),
+            };
             for (part, name) in chosen {
                 for mut loaded in expand(part, points) {
+                    if let Some(f) = factor.filter(|f| *f != 1.0) {
+                        loaded
+                            .vs
+                            .iter_mut()
+                            .filter(|v| !is_stale(**v))
+                            .for_each(|v| *v *= f);
+                    }
                     let mut labels = base.clone();
                     for (k, v) in loaded.labels.drain(..) {
                         insert(&mut labels, k, v);
@@ -248,6 +283,26 @@ impl Source {
                     let mut l = labels.clone();
                     insert(&mut l, "__name__".to_owned(), format!("{base}{suffix}"));
                     out.push(l);
+                }
+            }
+        }
+        {
+            // the canonical names their sources answer to
+            let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+            for canonical in super::vocabulary::CANONICAL {
+                let shown = super::names::metric_name(
+                    canonical.name,
+                    canonical.unit,
+                    MetricKind::Gauge,
+                    false,
+                );
+                for (source, _) in canonical.sources {
+                    for id in c.named(source).iter() {
+                        let Some(series) = c.get(id) else { continue };
+                        let mut l = canonical_labels(series);
+                        insert(&mut l, "__name__".to_owned(), shown.clone());
+                        out.push(l);
+                    }
                 }
             }
         }
@@ -317,7 +372,7 @@ impl Source {
         to: i64,
     ) -> Result<Vec<SeriesExemplars>, PromError> {
         let candidates = self.candidates(matchers);
-        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _)| *id).collect();
+        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _, _)| *id).collect();
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -332,7 +387,7 @@ impl Source {
             )
             .map_err(|e| PromError::internal(e.to_string()))?;
         let mut out = Vec::new();
-        for (id, series, chosen) in candidates {
+        for (id, series, chosen, _) in candidates {
             let mut found = Vec::new();
             for p in points.iter().filter(|p| p.series == id) {
                 for e in &p.exemplars {
@@ -360,6 +415,19 @@ impl Source {
         }
         Ok(out)
     }
+}
+
+/// A series' labels under the canonical keys ([`super::vocabulary::LABELS`]), shown.
+fn canonical_labels(series: &Series) -> Labels {
+    let mut out = Labels::new();
+    for (k, v) in &series.labels {
+        insert(
+            &mut out,
+            label_name(super::vocabulary::canonical_label(k)),
+            v.clone(),
+        );
+    }
+    out
 }
 
 /// A series' labels under their shown names.

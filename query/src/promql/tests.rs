@@ -218,3 +218,80 @@ fn histograms_show_as_buckets_and_quantiles_interpolate() {
         vector(instant_query(&src, "gen_ai_server_time_to_first_token_seconds_count", T0).unwrap());
     assert_eq!(c[0].1, 10.0);
 }
+
+#[test]
+fn exporters_answer_to_one_canonical_vocabulary() {
+    let dcgm = |gpu: &str| {
+        let mut labels = vec![
+            ("Hostname".to_string(), "node-1".to_string()),
+            ("gpu".to_string(), gpu.to_string()),
+            ("worker.id".to_string(), "w-1".to_string()),
+        ];
+        labels.sort();
+        Series {
+            name: "DCGM_FI_DEV_GPU_UTIL".into(),
+            labels,
+            ..Default::default()
+        }
+    };
+    let otel = Series {
+        name: "hw.gpu.utilization".into(),
+        unit: "1".into(),
+        labels: vec![
+            ("gpu.id".into(), "0".into()),
+            ("host.name".into(), "node-2".into()),
+        ],
+        ..Default::default()
+    };
+    let (_d, src) = store_with(&[
+        (dcgm("0"), every_15s(4, |_| 97.0)),
+        (dcgm("1"), every_15s(4, |_| 50.0)),
+        (otel, every_15s(4, |_| 0.25)),
+    ]);
+    let at = T0 + 3 * 15_000;
+    let v = vector(instant_query(&src, "gpu_utilization_ratio", at).unwrap());
+    assert_eq!(
+        v,
+        vec![
+            (
+                labels(&[
+                    ("__name__", "gpu_utilization_ratio"),
+                    ("gpu_id", "0"),
+                    ("host_name", "node-1"),
+                    ("worker_id", "w-1")
+                ]),
+                0.97
+            ),
+            (
+                labels(&[
+                    ("__name__", "gpu_utilization_ratio"),
+                    ("gpu_id", "0"),
+                    ("host_name", "node-2")
+                ]),
+                0.25
+            ),
+            (
+                labels(&[
+                    ("__name__", "gpu_utilization_ratio"),
+                    ("gpu_id", "1"),
+                    ("host_name", "node-1"),
+                    ("worker_id", "w-1")
+                ]),
+                0.5
+            ),
+        ]
+    );
+    // canonical labels select; the source names and labels still answer as sent
+    let hot = vector(
+        instant_query(
+            &src,
+            r#"max by (host_name) (gpu_utilization_ratio{gpu_id="0"})"#,
+            at,
+        )
+        .unwrap(),
+    );
+    assert_eq!(hot.len(), 2);
+    let raw = vector(instant_query(&src, r#"DCGM_FI_DEV_GPU_UTIL{gpu="1"}"#, at).unwrap());
+    assert_eq!(raw.len(), 1);
+    assert_eq!(raw[0].1, 50.0);
+}
