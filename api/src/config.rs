@@ -70,6 +70,13 @@ pub struct ServeArgs {
     /// a block whole; 0 flushes every row at once [default: 2].
     #[arg(long, env = "WEFT_PARENT_WAIT_FLUSHES")]
     pub parent_wait_flushes: Option<u8>,
+    /// Run the NVML GPU collector in the server (points under the default tenant); without an
+    /// NVIDIA driver it logs one line and the server runs without it [default: off].
+    #[arg(long, env = "WEFT_GPU")]
+    pub gpu: bool,
+    /// How often the GPU collector samples, e.g. 10s [default: 10s].
+    #[arg(long, env = "WEFT_GPU_INTERVAL")]
+    pub gpu_interval: Option<String>,
     /// How often metrics derived from spans (span metrics, service graph, LLM latencies) are
     /// written, e.g. 15s; 0 turns their derivation off [default: 15s].
     #[arg(long, env = "WEFT_SPAN_METRICS_INTERVAL")]
@@ -138,6 +145,8 @@ struct FileConfig {
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
     span_metrics_interval: Option<String>,
+    gpu: Option<bool>,
+    gpu_interval: Option<String>,
     compression: Option<String>,
     retention: Option<String>,
     spans_retention: Option<String>,
@@ -172,6 +181,9 @@ pub struct Config {
     pub log: String,
     /// How often span-derived metrics are written; zero: not derived.
     pub span_metrics_interval: Duration,
+    /// Whether the server runs the GPU collector, and how often it samples.
+    pub gpu: bool,
+    pub gpu_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -374,7 +386,20 @@ impl Config {
             args.span_metrics_interval.or(file.span_metrics_interval),
             Duration::from_secs(15),
         )?;
+        let gpu_interval = duration(
+            "gpu_interval",
+            args.gpu_interval.or(file.gpu_interval),
+            Duration::from_secs(10),
+        )?;
+        if gpu_interval.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "gpu_interval",
+                detail: "must be greater than 0".into(),
+            });
+        }
         Ok(Self {
+            gpu: args.gpu || file.gpu.unwrap_or(false),
+            gpu_interval,
             span_metrics_interval,
             redaction,
             pg_listen: addr(

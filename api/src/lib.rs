@@ -9,6 +9,7 @@
 pub mod analytics;
 pub mod config;
 pub mod error;
+pub mod gpu;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;

@@ -27,6 +27,47 @@ enum Command {
     /// Rebuild the full-text index of the logs from the stored records (the server stopped),
     /// with the same options as `serve` (`--data-dir`, …).
     Reindex(ServeArgs),
+    /// Sample this host's NVIDIA GPUs through NVML and send the points (and XID events) to a
+    /// Weft server over OTLP/HTTP; exits non-zero when no NVIDIA driver or library is found.
+    GpuAgent(GpuAgentArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GpuAgentArgs {
+    /// The Weft server's OTLP/HTTP address.
+    #[arg(long, env = "WEFT_GPU_TARGET", default_value = "http://127.0.0.1:4318")]
+    target: String,
+    /// How often to sample, e.g. 10s.
+    #[arg(long, env = "WEFT_GPU_INTERVAL", default_value = "10s")]
+    gpu_interval: String,
+    /// The tenant to write as (X-Scope-OrgID).
+    #[arg(long, env = "WEFT_TENANT")]
+    tenant: Option<String>,
+    /// Stop after this many samples (default: run until stopped).
+    #[arg(long)]
+    samples: Option<u64>,
+}
+
+fn gpu_agent(args: GpuAgentArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let every = weft_api::time::parse_duration(&args.gpu_interval)
+        .map_err(|e| anyhow::anyhow!("--gpu-interval: {e}"))?;
+    anyhow::ensure!(!every.is_zero(), "--gpu-interval must be greater than 0");
+    let gpus = weft_ingest::gpu::nvml::NvmlGpus::open()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(weft_api::gpu::agent(
+        Box::new(gpus),
+        &args.target,
+        args.tenant.as_deref(),
+        every,
+        args.samples,
+    ))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +75,7 @@ fn main() -> anyhow::Result<()> {
     let (args, reindex) = match cli.command {
         Some(Command::Serve(args)) => (args, false),
         Some(Command::Reindex(args)) => (args, true),
+        Some(Command::GpuAgent(args)) => return gpu_agent(args),
         None => (ServeArgs::parse_from_env(), false),
     };
     let config = Config::load(args)?;

@@ -159,6 +159,20 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         startup_ms = started.elapsed().as_millis() as u64,
         "weft is ready"
     );
+    if config.gpu {
+        match weft_ingest::gpu::nvml::NvmlGpus::open() {
+            Ok(gpus) => {
+                tracing::info!(every = ?config.gpu_interval, "GPU collector on");
+                tokio::spawn(crate::gpu::run_local(
+                    state.clone(),
+                    Box::new(gpus),
+                    config.gpu_interval,
+                    stop_rx.clone(),
+                ));
+            }
+            Err(e) => tracing::warn!("{e}; serving without it"),
+        }
+    }
     if !config.span_metrics_interval.is_zero() {
         let ingester = state.ingester.clone();
         let every = config.span_metrics_interval;

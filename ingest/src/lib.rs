@@ -8,6 +8,7 @@
 pub mod body;
 pub mod derived;
 pub mod error;
+pub mod gpu;
 pub mod otlp;
 pub mod pipeline;
 pub mod redact;

@@ -2,6 +2,7 @@
 
 mod common;
 mod crash;
+mod gpu;
 mod hostile;
 mod ingest;
 mod logs;
