@@ -18,7 +18,7 @@ use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
 use serde_json::{Map, Value, json};
 use weft_query::promql::{
-    ErrorKind, Labels, Loaded, PromError, QueryResult, Source, instant_query, range_query,
+    ErrorKind, Labels, PromError, QueryResult, Source, instant_query, range_query,
 };
 
 use crate::state::{SharedState, Tenant, blocking};
@@ -42,13 +42,32 @@ pub fn router() -> Router<SharedState> {
         .route("/prometheus/api/v1/status/buildinfo", get(buildinfo))
 }
 
+/// What a handler answers: a JSON value, or JSON text already written (query results, whose
+/// points are written straight into one buffer).
+enum Data {
+    Json(Value),
+    Raw(String),
+}
+
 /// The answer of a handler: data in the success envelope, or an error in Prometheus's.
-struct Answer(Result<Value, PromError>);
+struct Answer(Result<Data, PromError>);
 
 impl IntoResponse for Answer {
     fn into_response(self) -> Response {
         let (status, body) = match self.0 {
-            Ok(data) => (StatusCode::OK, json!({"status": "success", "data": data})),
+            Ok(Data::Raw(data)) => {
+                let mut body = String::with_capacity(data.len() + 32);
+                body.push_str(r#"{"status":"success","data":"#);
+                body.push_str(&data);
+                body.push('}');
+                return (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+                    .into_response();
+            }
+            Ok(Data::Json(data)) => (StatusCode::OK, json!({"status": "success", "data": data})),
             Err(e) => {
                 let status = match e.kind {
                     ErrorKind::BadData => StatusCode::BAD_REQUEST,
@@ -175,17 +194,37 @@ fn seconds(ms: i64) -> Value {
     }
 }
 
+fn write_seconds(out: &mut String, ms: i64) {
+    use std::fmt::Write;
+    let _ = if ms % 1000 == 0 {
+        write!(out, "{}", ms / 1000)
+    } else {
+        write!(out, "{}", ms as f64 / 1000.0)
+    };
+}
+
 /// A sample value as Prometheus writes it.
 fn number(v: f64) -> String {
+    let mut out = String::new();
+    write_number(&mut out, v);
+    out
+}
+
+fn write_number(out: &mut String, v: f64) {
+    use std::fmt::Write;
     if v.is_nan() {
-        "NaN".into()
+        out.push_str("NaN");
     } else if v == f64::INFINITY {
-        "+Inf".into()
+        out.push_str("+Inf");
     } else if v == f64::NEG_INFINITY {
-        "-Inf".into()
+        out.push_str("-Inf");
     } else {
-        format!("{v}")
+        let _ = write!(out, "{v}");
     }
+}
+
+fn write_string(out: &mut String, s: &str) {
+    out.push_str(&serde_json::to_string(s).expect("a string serialises"));
 }
 
 fn labels_json(labels: &Labels) -> Value {
@@ -197,36 +236,95 @@ fn labels_json(labels: &Labels) -> Value {
     )
 }
 
-fn result_json(r: QueryResult) -> Value {
-    match r {
-        QueryResult::Scalar(t, v) => {
-            json!({"resultType": "scalar", "result": [seconds(t), number(v)]})
+fn write_labels(out: &mut String, labels: &Labels) {
+    out.push('{');
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
         }
-        QueryResult::Str(t, s) => json!({"resultType": "string", "result": [seconds(t), s]}),
-        QueryResult::Vector(v) => json!({
-            "resultType": "vector",
-            "result": v.iter().map(|(l, t, v)| json!({"metric": labels_json(l), "value": [seconds(*t), number(*v)]})).collect::<Vec<_>>(),
-        }),
-        QueryResult::Matrix(m) => json!({
-            "resultType": "matrix",
-            "result": m.iter().map(matrix_series).collect::<Vec<_>>(),
-        }),
+        write_string(out, k);
+        out.push(':');
+        write_string(out, v);
     }
+    out.push('}');
 }
 
-fn matrix_series(l: &Loaded) -> Value {
-    let values: Vec<Value> =
-        l.ts.iter()
-            .zip(&l.vs)
-            .map(|(t, v)| json!([seconds(*t), number(*v)]))
-            .collect();
-    json!({"metric": labels_json(&l.labels), "values": values})
+/// `[time, "value"]`.
+fn write_point(out: &mut String, t: i64, v: f64) {
+    out.push('[');
+    write_seconds(out, t);
+    out.push_str(",\"");
+    write_number(out, v);
+    out.push_str("\"]");
+}
+
+/// A query's result as the `data` member, written straight into one buffer.
+fn result_json(r: QueryResult) -> Data {
+    let mut out = String::new();
+    match r {
+        QueryResult::Scalar(t, v) => {
+            out.push_str(r#"{"resultType":"scalar","result":"#);
+            write_point(&mut out, t, v);
+        }
+        QueryResult::Str(t, s) => {
+            out.push_str(r#"{"resultType":"string","result":["#);
+            write_seconds(&mut out, t);
+            out.push(',');
+            write_string(&mut out, &s);
+            out.push(']');
+        }
+        QueryResult::Vector(v) => {
+            out.push_str(r#"{"resultType":"vector","result":["#);
+            for (i, (l, t, v)) in v.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                write_labels(&mut out, l);
+                out.push_str(r#","value":"#);
+                write_point(&mut out, *t, *v);
+                out.push('}');
+            }
+            out.push(']');
+        }
+        QueryResult::Matrix(m) => {
+            let points: usize = m.iter().map(|l| l.ts.len()).sum();
+            out.reserve(points * 24 + m.len() * 128);
+            out.push_str(r#"{"resultType":"matrix","result":["#);
+            for (i, l) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                write_labels(&mut out, &l.labels);
+                out.push_str(r#","values":["#);
+                for (j, (t, v)) in l.ts.iter().zip(&l.vs).enumerate() {
+                    if j > 0 {
+                        out.push(',');
+                    }
+                    write_point(&mut out, *t, *v);
+                }
+                out.push_str("]}");
+            }
+            out.push(']');
+        }
+    }
+    out.push('}');
+    Data::Raw(out)
 }
 
 async fn run(
     state: SharedState,
     tenant: weft_storage::model::TenantId,
     work: impl FnOnce(&Source) -> Result<Value, PromError> + Send + 'static,
+) -> Answer {
+    run_data(state, tenant, move |s| work(s).map(Data::Json)).await
+}
+
+async fn run_data(
+    state: SharedState,
+    tenant: weft_storage::model::TenantId,
+    work: impl FnOnce(&Source) -> Result<Data, PromError> + Send + 'static,
 ) -> Answer {
     let store = state.store.clone();
     let result = blocking(move || {
@@ -256,7 +354,7 @@ async fn query(
         Ok(t) => t,
         Err(e) => return Answer(Err(e)),
     };
-    run(state, tenant, move |s| {
+    run_data(state, tenant, move |s| {
         instant_query(s, &expr, time).map(result_json)
     })
     .await
@@ -291,7 +389,7 @@ async fn query_range(
         Ok(p) => p,
         Err(e) => return Answer(Err(e)),
     };
-    run(state, tenant, move |s| {
+    run_data(state, tenant, move |s| {
         range_query(s, &expr, start, end, step).map(result_json)
     })
     .await
@@ -342,7 +440,10 @@ fn label_sets(source: &Source, params: &Params) -> Result<Vec<Labels>, PromError
             out.insert(l.labels);
         }
     }
-    Ok(out.into_iter().collect())
+    Ok(out
+        .into_iter()
+        .map(std::sync::Arc::unwrap_or_clone)
+        .collect())
 }
 
 fn limit(params: &Params) -> Result<Option<usize>, PromError> {
@@ -550,14 +651,14 @@ fn selectors_of(e: &Expr) -> Vec<Vec<Matcher>> {
 }
 
 async fn buildinfo() -> Answer {
-    Answer(Ok(json!({
+    Answer(Ok(Data::Json(json!({
         "version": "2.42.0",
         "revision": env!("CARGO_PKG_VERSION"),
         "branch": "weft",
         "buildUser": "weft",
         "buildDate": "",
         "goVersion": "none (weft, Rust)",
-    })))
+    }))))
 }
 
 #[cfg(test)]

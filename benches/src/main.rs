@@ -184,6 +184,9 @@ enum Cmd {
         /// Extra `weft serve` arguments (repeatable).
         #[arg(long, allow_hyphen_values = true)]
         server_arg: Vec<String>,
+        /// Keep Weft's data directory here (to query or profile it afterwards).
+        #[arg(long)]
+        keep: Option<PathBuf>,
     },
     /// Load the same data into Weft, DuckDB and chDB, run the canonical queries on all three,
     /// check that the answers agree, and compare times and bytes per span.
@@ -310,6 +313,7 @@ fn main() -> anyhow::Result<()> {
             runs,
             weft,
             server_arg,
+            keep,
         } => {
             let cfg = weft_bench::metrics::MetricConfig {
                 seed,
@@ -325,6 +329,7 @@ fn main() -> anyhow::Result<()> {
                 weft,
                 runs,
                 server_arg,
+                keep,
             ))
         }
         Cmd::IngestLogs {

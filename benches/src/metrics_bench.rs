@@ -86,11 +86,12 @@ pub(crate) async fn metrics(
     weft: Option<PathBuf>,
     runs: usize,
     server_args: Vec<String>,
+    keep: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let extra: Vec<&str> = server_args.iter().map(String::as_str).collect();
     let bin = weft_binary(weft)?;
     let temp = tempfile::tempdir()?;
-    let dir = temp.path().join("data");
+    let dir = keep.unwrap_or_else(|| temp.path().join("data"));
     println!(
         "generating {} points: {} series ({} workers x {} GPUs), {} samples each {} s apart (seed {})...",
         cfg.points(),

@@ -2,6 +2,7 @@
 //! expression is evaluated at each step.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,7 +25,7 @@ pub const MAX_SAMPLES: usize = 50_000_000;
 /// One sample of an instant vector.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
-    pub labels: Labels,
+    pub labels: Arc<Labels>,
     pub v: f64,
     /// The sample's own time (for `timestamp()`).
     pub t: i64,
@@ -99,8 +100,10 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
         Value::Scalar(v) => QueryResult::Scalar(time, v),
         Value::Str(s) => QueryResult::Str(time, s),
         Value::Vector(samples) => {
-            let mut out: Vec<(Labels, i64, f64)> =
-                samples.into_iter().map(|s| (s.labels, time, s.v)).collect();
+            let mut out: Vec<(Labels, i64, f64)> = samples
+                .into_iter()
+                .map(|s| (Arc::unwrap_or_clone(s.labels), time, s.v))
+                .collect();
             check_unique(out.iter().map(|(l, _, _)| l))?;
             if !keeps_order(&expr) {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -121,14 +124,38 @@ fn keeps_order(e: &Expr) -> bool {
     }
 }
 
+/// Label sets seen, by hash (collisions told apart by comparing the sets).
+#[derive(Default)]
+pub(super) struct LabelSet {
+    seen: rustc_hash::FxHashMap<u64, Vec<Labels>>,
+}
+
+impl LabelSet {
+    /// Whether `l` is new (and remembers it).
+    pub(super) fn insert(&mut self, l: &Labels) -> bool {
+        let mut h = rustc_hash::FxHasher::default();
+        l.hash(&mut h);
+        let same = self.seen.entry(h.finish()).or_default();
+        if same.iter().any(|x| x == l) {
+            return false;
+        }
+        same.push(l.clone());
+        true
+    }
+}
+
 fn check_unique<'l>(labels: impl Iterator<Item = &'l Labels>) -> Result<(), PromError> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen: rustc_hash::FxHashMap<u64, Vec<&Labels>> = Default::default();
     for l in labels {
-        if !seen.insert(l) {
+        let mut h = rustc_hash::FxHasher::default();
+        l.hash(&mut h);
+        let same = seen.entry(h.finish()).or_default();
+        if same.contains(&l) {
             return Err(PromError::execution(
                 "vector cannot contain metrics with the same labelset",
             ));
         }
+        same.push(l);
     }
     Ok(())
 }
@@ -169,20 +196,20 @@ pub fn range_query(
     }
     let mut ev = Evaluator::new(source, start, end);
     ev.load(&expr, start, end)?;
-    let mut series: BTreeMap<Labels, Loaded> = BTreeMap::new();
+    let mut series = Accumulator::default();
     let mut samples = 0usize;
     let mut t = start;
     while t <= end {
         let out = match ev.eval(&expr, t)? {
             Value::Scalar(v) => vec![Sample {
-                labels: Labels::new(),
+                labels: Default::default(),
                 v,
                 t,
             }],
             Value::Vector(v) => v,
             _ => return Err(PromError::execution("range query of a matrix")),
         };
-        check_unique(out.iter().map(|s| &s.labels))?;
+        check_unique(out.iter().map(|s| &*s.labels))?;
         samples += out.len();
         if samples > MAX_SAMPLES {
             return Err(PromError::execution(
@@ -190,21 +217,49 @@ pub fn range_query(
             ));
         }
         for s in out {
-            let entry = series.entry(s.labels).or_default();
-            entry.ts.push(t);
-            entry.vs.push(s.v);
+            series.push(s.labels, t, s.v);
         }
         t += step;
     }
-    Ok(QueryResult::Matrix(
-        series
-            .into_iter()
-            .map(|(labels, mut l)| {
-                l.labels = labels;
-                l
-            })
-            .collect(),
-    ))
+    Ok(QueryResult::Matrix(series.finish()))
+}
+
+/// Samples gathered step by step into series, found by the hash of their labels.
+#[derive(Default)]
+struct Accumulator {
+    index: rustc_hash::FxHashMap<u64, Vec<usize>>,
+    series: Vec<Loaded>,
+}
+
+impl Accumulator {
+    fn push(&mut self, labels: Arc<Labels>, t: i64, v: f64) {
+        let mut h = rustc_hash::FxHasher::default();
+        labels.hash(&mut h);
+        let same = self.index.entry(h.finish()).or_default();
+        let i = match same
+            .iter()
+            .copied()
+            .find(|&i| self.series[i].labels == labels)
+        {
+            Some(i) => i,
+            None => {
+                self.series.push(Loaded {
+                    labels,
+                    ..Default::default()
+                });
+                same.push(self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        self.series[i].ts.push(t);
+        self.series[i].vs.push(v);
+    }
+
+    /// The series, sorted by labels.
+    fn finish(mut self) -> Vec<Loaded> {
+        self.series.sort_by(|a, b| a.labels.cmp(&b.labels));
+        self.series
+    }
 }
 
 impl<'a> Evaluator<'a> {
@@ -323,11 +378,11 @@ impl<'a> Evaluator<'a> {
                 if t < begin {
                     t += step;
                 }
-                let mut series: BTreeMap<Labels, Loaded> = BTreeMap::new();
+                let mut series = Accumulator::default();
                 while t <= end {
                     let samples = match self.eval(&sq.expr, t)? {
                         Value::Scalar(v) => vec![Sample {
-                            labels: Labels::new(),
+                            labels: Default::default(),
                             v,
                             t,
                         }],
@@ -335,21 +390,11 @@ impl<'a> Evaluator<'a> {
                         _ => return Err(PromError::bad_data("subquery of a non-vector")),
                     };
                     for s in samples {
-                        let entry = series.entry(s.labels).or_default();
-                        entry.ts.push(t);
-                        entry.vs.push(s.v);
+                        series.push(s.labels, t, s.v);
                     }
                     t += step;
                 }
-                Ok(Value::Matrix(
-                    series
-                        .into_iter()
-                        .map(|(labels, mut l)| {
-                            l.labels = labels;
-                            l
-                        })
-                        .collect(),
-                ))
+                Ok(Value::Matrix(series.finish()))
             }
             Expr::Call(c) => super::functions::call(self, c, ts),
             Expr::Aggregate(a) => self.aggregate(a, ts),
@@ -454,13 +499,44 @@ impl<'a> Evaluator<'a> {
             return Ok(Value::Vector(
                 groups
                     .into_iter()
-                    .map(|(labels, v)| Sample { labels, v, t: ts })
+                    .map(|(labels, v)| Sample {
+                        labels: Arc::new(labels),
+                        v,
+                        t: ts,
+                    })
                     .collect(),
             ));
         }
-        let mut groups: BTreeMap<Labels, Vec<Sample>> = BTreeMap::new();
+        // groups found by the hash of their labels, each label set built once
+        let in_group = |k: &str| match &a.modifier {
+            None => false,
+            Some(LabelModifier::Include(ls)) => ls.labels.iter().any(|l| l == k),
+            Some(LabelModifier::Exclude(ls)) => {
+                k != "__name__" && !ls.labels.iter().any(|l| l == k)
+            }
+        };
+        let mut index: rustc_hash::FxHashMap<u64, Vec<usize>> = Default::default();
+        let mut groups: Vec<(Labels, Vec<Sample>)> = Vec::new();
         for s in samples {
-            groups.entry(grouping(&s.labels)).or_default().push(s);
+            let mut h = rustc_hash::FxHasher::default();
+            for (k, v) in s.labels.iter().filter(|(k, _)| in_group(k)) {
+                k.hash(&mut h);
+                v.hash(&mut h);
+            }
+            let same = index.entry(h.finish()).or_default();
+            let found = same.iter().copied().find(|&i| {
+                groups[i]
+                    .0
+                    .iter()
+                    .eq(s.labels.iter().filter(|(k, _)| in_group(k)))
+            });
+            match found {
+                Some(i) => groups[i].1.push(s),
+                None => {
+                    same.push(groups.len());
+                    groups.push((grouping(&s.labels), vec![s]));
+                }
+            }
         }
         let number = |p: &Option<Value>| match p {
             Some(Value::Scalar(v)) => Ok(*v),
@@ -470,6 +546,7 @@ impl<'a> Evaluator<'a> {
         };
         let mut out = Vec::new();
         for (labels, group) in groups {
+            let labels = Arc::new(labels);
             let values: Vec<f64> = group.iter().map(|s| s.v).collect();
             let n = values.len() as f64;
             let one = |v: f64| Sample {
@@ -580,48 +657,58 @@ impl<'a> Evaluator<'a> {
         let modifier = b.modifier.as_ref();
         let matching = modifier.and_then(|m| m.matching.as_ref());
         let card = modifier.map_or(&VectorMatchCardinality::OneToOne, |m| &m.card);
-        let signature = |l: &Labels| -> Labels {
+        let in_signature = |k: &str| -> bool {
             match matching {
-                Some(LabelModifier::Include(ls)) => l
-                    .iter()
-                    .filter(|(k, _)| ls.labels.iter().any(|x| x == k))
-                    .cloned()
-                    .collect(),
-                Some(LabelModifier::Exclude(ls)) => l
-                    .iter()
-                    .filter(|(k, _)| k != "__name__" && !ls.labels.iter().any(|x| x == k))
-                    .cloned()
-                    .collect(),
-                None => l.iter().filter(|(k, _)| k != "__name__").cloned().collect(),
+                Some(LabelModifier::Include(ls)) => ls.labels.iter().any(|x| x == k),
+                Some(LabelModifier::Exclude(ls)) => {
+                    k != "__name__" && !ls.labels.iter().any(|x| x == k)
+                }
+                None => k != "__name__",
             }
         };
-        match op {
-            "and" => {
-                let right: std::collections::HashSet<Labels> =
-                    rhs.iter().map(|s| signature(&s.labels)).collect();
-                return Ok(Value::Vector(
-                    lhs.into_iter()
-                        .filter(|s| right.contains(&signature(&s.labels)))
-                        .collect(),
-                ));
+        let sig_hash = |l: &Labels| -> u64 {
+            let mut h = rustc_hash::FxHasher::default();
+            for (k, v) in l.iter().filter(|(k, _)| in_signature(k)) {
+                k.hash(&mut h);
+                v.hash(&mut h);
             }
-            "unless" => {
-                let right: std::collections::HashSet<Labels> =
-                    rhs.iter().map(|s| signature(&s.labels)).collect();
+            h.finish()
+        };
+        let sig_eq = |a: &Labels, b: &Labels| {
+            a.iter()
+                .filter(|(k, _)| in_signature(k))
+                .eq(b.iter().filter(|(k, _)| in_signature(k)))
+        };
+        // samples of a side by signature hash (equal hashes are told apart by `sig_eq`)
+        let index = |side: &[Sample]| -> rustc_hash::FxHashMap<u64, Vec<usize>> {
+            let mut map: rustc_hash::FxHashMap<u64, Vec<usize>> = Default::default();
+            for (i, s) in side.iter().enumerate() {
+                map.entry(sig_hash(&s.labels)).or_default().push(i);
+            }
+            map
+        };
+        let find = |map: &rustc_hash::FxHashMap<u64, Vec<usize>>, side: &[Sample], l: &Labels| {
+            map.get(&sig_hash(l))
+                .and_then(|c| c.iter().copied().find(|&i| sig_eq(&side[i].labels, l)))
+        };
+        match op {
+            "and" | "unless" => {
+                let right = index(&rhs);
+                let keep_matched = op == "and";
                 return Ok(Value::Vector(
                     lhs.into_iter()
-                        .filter(|s| !right.contains(&signature(&s.labels)))
+                        .filter(|s| find(&right, &rhs, &s.labels).is_some() == keep_matched)
                         .collect(),
                 ));
             }
             "or" => {
-                let left: std::collections::HashSet<Labels> =
-                    lhs.iter().map(|s| signature(&s.labels)).collect();
+                let left = index(&lhs);
+                let extra: Vec<Sample> = rhs
+                    .into_iter()
+                    .filter(|s| find(&left, &lhs, &s.labels).is_none())
+                    .collect();
                 let mut out = lhs;
-                out.extend(
-                    rhs.into_iter()
-                        .filter(|s| !left.contains(&signature(&s.labels))),
-                );
+                out.extend(extra);
                 return Ok(Value::Vector(out));
             }
             _ => {}
@@ -633,15 +720,18 @@ impl<'a> Evaluator<'a> {
             VectorMatchCardinality::OneToMany(_) => (lhs, rhs, true),
             _ => (rhs, lhs, false),
         };
-        let mut ones: HashMap<Labels, Sample> = HashMap::new();
-        for s in one {
-            let sig = signature(&s.labels);
-            if ones.insert(sig, s).is_some() {
-                let side = if swapped { "left" } else { "right" };
-                return Err(PromError::execution(format!(
-                    "found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
-                )));
-            }
+        let ones = index(&one);
+        if ones.values().any(|c| {
+            c.iter().enumerate().any(|(j, &x)| {
+                c[..j]
+                    .iter()
+                    .any(|&y| sig_eq(&one[x].labels, &one[y].labels))
+            })
+        }) {
+            let side = if swapped { "left" } else { "right" };
+            return Err(PromError::execution(format!(
+                "found duplicate series for the match group on the {side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side"
+            )));
         }
         let include: &[String] = match card {
             VectorMatchCardinality::ManyToOne(ls) | VectorMatchCardinality::OneToMany(ls) => {
@@ -651,10 +741,11 @@ impl<'a> Evaluator<'a> {
         };
         let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
         let mut out = Vec::new();
-        let mut seen: HashMap<Labels, ()> = HashMap::new();
+        let mut seen = LabelSet::default();
         for m in many {
-            let sig = signature(&m.labels);
-            let Some(o) = ones.get(&sig) else { continue };
+            let Some(o) = find(&ones, &one, &m.labels).map(|i| &one[i]) else {
+                continue;
+            };
             let (l, r) = if swapped { (o, &m) } else { (&m, o) };
             let (v, keep) = apply(op, l.v, r.v);
             if comparison && !return_bool && !keep {
@@ -664,11 +755,10 @@ impl<'a> Evaluator<'a> {
             if one_to_one {
                 match matching {
                     Some(LabelModifier::Include(ls)) => {
-                        labels.retain(|(k, _)| ls.labels.iter().any(|x| x == k))
+                        Arc::make_mut(&mut labels).retain(|(k, _)| ls.labels.iter().any(|x| x == k))
                     }
-                    Some(LabelModifier::Exclude(ls)) => {
-                        labels.retain(|(k, _)| !ls.labels.iter().any(|x| x == k))
-                    }
+                    Some(LabelModifier::Exclude(ls)) => Arc::make_mut(&mut labels)
+                        .retain(|(k, _)| !ls.labels.iter().any(|x| x == k)),
                     None => {}
                 }
             }
@@ -677,11 +767,11 @@ impl<'a> Evaluator<'a> {
             }
             for name in include {
                 match get(&o.labels, name) {
-                    Some(v) => insert(&mut labels, name.clone(), v.to_owned()),
-                    None => labels.retain(|(k, _)| k != name),
+                    Some(v) => insert(Arc::make_mut(&mut labels), name.clone(), v.to_owned()),
+                    None => Arc::make_mut(&mut labels).retain(|(k, _)| k != name),
                 }
             }
-            if one_to_one && seen.insert(labels.clone(), ()).is_some() {
+            if one_to_one && !seen.insert(&labels) {
                 return Err(PromError::execution(
                     "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)",
                 ));
@@ -720,8 +810,10 @@ fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
     out
 }
 
-pub(super) fn drop_name(labels: &mut Labels) {
-    labels.retain(|(k, _)| k != "__name__");
+pub(super) fn drop_name(labels: &mut Arc<Labels>) {
+    if labels.iter().any(|(k, _)| k == "__name__") {
+        Arc::make_mut(labels).retain(|(k, _)| k != "__name__");
+    }
 }
 
 /// Arithmetic drops the metric name (Prometheus 2 keeps it for `atan2`).

@@ -2,6 +2,7 @@
 //! vectors (math, labels, `histogram_quantile`, …) and the scalar ones.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use promql_parser::parser::{Call, Expr};
 
@@ -226,7 +227,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
         "time" => Ok(Value::Scalar(ts as f64 / 1000.0)),
         "pi" => Ok(Value::Scalar(std::f64::consts::PI)),
         "vector" => Ok(Value::Vector(vec![Sample {
-            labels: Labels::new(),
+            labels: Default::default(),
             v: ev.scalar(arg(c, 0)?, ts)?,
             t: ts,
         }])),
@@ -270,9 +271,9 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
                             let mut out = String::new();
                             caps.expand(&replacement, &mut out);
                             if out.is_empty() {
-                                s.labels.retain(|(k, _)| *k != dst);
+                                Arc::make_mut(&mut s.labels).retain(|(k, _)| *k != dst);
                             } else {
-                                insert(&mut s.labels, dst.clone(), out);
+                                insert(Arc::make_mut(&mut s.labels), dst.clone(), out);
                             }
                         }
                         s.t = ts;
@@ -302,9 +303,9 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
                             .collect();
                         let joined = joined.join(&sep);
                         if joined.is_empty() {
-                            s.labels.retain(|(k, _)| *k != dst);
+                            Arc::make_mut(&mut s.labels).retain(|(k, _)| *k != dst);
                         } else {
-                            insert(&mut s.labels, dst.clone(), joined);
+                            insert(Arc::make_mut(&mut s.labels), dst.clone(), joined);
                         }
                         s.t = ts;
                         s
@@ -322,7 +323,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
             let v = match c.args.args.first() {
                 Some(e) => ev.vector(e, ts)?,
                 None => vec![Sample {
-                    labels: Labels::new(),
+                    labels: Default::default(),
                     v: ts as f64 / 1000.0,
                     t: ts,
                 }],
@@ -488,7 +489,7 @@ fn absent(e: &Expr, empty: bool, ts: i64) -> Value {
         labels.retain(|(k, _)| !repeated.contains(k));
     }
     Value::Vector(vec![Sample {
-        labels,
+        labels: Arc::new(labels),
         v: 1.0,
         t: ts,
     }])
@@ -508,7 +509,7 @@ fn histogram_quantile(q: f64, v: Vec<Sample>, ts: i64) -> Value {
         let Ok(upper) = upper else {
             continue;
         };
-        let mut labels = s.labels;
+        let mut labels = Arc::unwrap_or_clone(s.labels);
         labels.retain(|(k, _)| k != "le" && k != "__name__");
         groups.entry(labels).or_default().push((upper, s.v));
     }
@@ -516,7 +517,7 @@ fn histogram_quantile(q: f64, v: Vec<Sample>, ts: i64) -> Value {
         groups
             .into_iter()
             .map(|(labels, buckets)| Sample {
-                labels,
+                labels: Arc::new(labels),
                 v: bucket_quantile(q, buckets),
                 t: ts,
             })

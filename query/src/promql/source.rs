@@ -31,7 +31,7 @@ pub fn is_stale(v: f64) -> bool {
 /// One shown series with its samples (milliseconds, ascending).
 #[derive(Clone, Debug, Default)]
 pub struct Loaded {
-    pub labels: Labels,
+    pub labels: Arc<Labels>,
     pub ts: Vec<i64>,
     pub vs: Vec<f64>,
 }
@@ -241,11 +241,11 @@ impl Source {
                             .for_each(|v| *v *= f);
                     }
                     let mut labels = base.clone();
-                    for (k, v) in loaded.labels.drain(..) {
-                        insert(&mut labels, k, v);
+                    for (k, v) in loaded.labels.iter() {
+                        insert(&mut labels, k.clone(), v.clone());
                     }
                     insert(&mut labels, "__name__".to_owned(), name.clone());
-                    loaded.labels = labels;
+                    loaded.labels = Arc::new(labels);
                     // names were checked on the candidates (shown or OTLP name)
                     let ok = matchers.iter().filter(|m| m.name != "__name__").all(|m| {
                         let value = get(&loaded.labels, &m.name)
@@ -321,8 +321,8 @@ impl Source {
                     }
                     for loaded in expand(*part, &mine) {
                         let mut l = shown_labels(series);
-                        for (k, v) in loaded.labels {
-                            insert(&mut l, k, v);
+                        for (k, v) in loaded.labels.iter() {
+                            insert(&mut l, k.clone(), v.clone());
                         }
                         insert(
                             &mut l,
@@ -498,7 +498,7 @@ fn expand(part: Part, points: &[&MetricPoint]) -> Vec<Loaded> {
             by_le
                 .into_iter()
                 .map(|(le, (_, mut l))| {
-                    l.labels.push(("le".to_owned(), le));
+                    l.labels = Arc::new(vec![("le".to_owned(), le)]);
                     l
                 })
                 .collect()
@@ -517,7 +517,7 @@ fn expand(part: Part, points: &[&MetricPoint]) -> Vec<Loaded> {
             }
             by_q.into_iter()
                 .map(|(q, mut l)| {
-                    l.labels.push(("quantile".to_owned(), q));
+                    l.labels = Arc::new(vec![("quantile".to_owned(), q)]);
                     l
                 })
                 .collect()
