@@ -207,32 +207,69 @@ impl Source {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: RoaringBitmap = candidates.iter().map(|(id, _, _, _)| *id).collect();
-        let points = self
-            .store
-            .metric_points(
-                &self.tenant,
-                &self.snapshot,
-                Some(from.max(0) as u64 * 1_000_000),
-                Some(to.max(0) as u64 * 1_000_000 + 999_999),
-                Some(&ids),
-            )
-            .map_err(|e| PromError::internal(e.to_string()))?;
+        // numbers (gauges, sums) read three columns; histograms and summaries whole points
+        let (mut numbers, mut detailed) = (RoaringBitmap::new(), RoaringBitmap::new());
+        for (id, series, _, _) in &candidates {
+            match series.kind {
+                MetricKind::Gauge | MetricKind::Sum => numbers.insert(*id),
+                _ => detailed.insert(*id),
+            };
+        }
+        let (from_ns, to_ns) = (
+            Some(from.max(0) as u64 * 1_000_000),
+            Some(to.max(0) as u64 * 1_000_000 + 999_999),
+        );
+        let internal = |e: weft_storage::StorageError| PromError::internal(e.to_string());
+        let values = match numbers.is_empty() {
+            true => Vec::new(),
+            false => self
+                .store
+                .metric_values(&self.tenant, &self.snapshot, from_ns, to_ns, &numbers)
+                .map_err(internal)?,
+        };
+        let points = match detailed.is_empty() {
+            true => Vec::new(),
+            false => self
+                .store
+                .metric_points(
+                    &self.tenant,
+                    &self.snapshot,
+                    from_ns,
+                    to_ns,
+                    Some(&detailed),
+                )
+                .map_err(internal)?,
+        };
+        let mut value_runs: HashMap<SeriesId, std::ops::Range<usize>> = HashMap::new();
+        let mut start = 0;
+        for i in 1..=values.len() {
+            if i == values.len() || values[i].0 != values[start].0 {
+                value_runs.insert(values[start].0, start..i);
+                start = i;
+            }
+        }
         let mut by_series: HashMap<SeriesId, Vec<&MetricPoint>> = HashMap::new();
         for p in &points {
             by_series.entry(p.series).or_default().push(p);
         }
         let mut out = Vec::new();
         for (id, series, chosen, factor) in candidates {
-            let Some(points) = by_series.get(&id) else {
+            let numbers_of = value_runs.get(&id).map(|r| &values[r.clone()]);
+            let points = by_series.get(&id);
+            if numbers_of.is_none() && points.is_none() {
                 continue;
-            };
+            }
             let base: Labels = match factor {
                 Some(_) => canonical_labels(&series),
                 None => shown_labels(&series),
             };
             for (part, name) in chosen {
-                for mut loaded in expand(part, points) {
+                let expanded = match (numbers_of, points) {
+                    (Some(values), _) => vec![number_series(values)],
+                    (None, Some(points)) => expand(part, points),
+                    (None, None) => Vec::new(),
+                };
+                for mut loaded in expanded {
                     if let Some(f) = factor.filter(|f| *f != 1.0) {
                         loaded
                             .vs
@@ -455,6 +492,25 @@ pub fn insert(labels: &mut Labels, k: String, v: String) {
         Ok(i) => labels[i].1 = v,
         Err(i) => labels.insert(i, (k, v)),
     }
+}
+
+/// A number series' samples in milliseconds (two points in one millisecond: the last).
+fn number_series(values: &[(SeriesId, u64, f64)]) -> Loaded {
+    let mut l = Loaded {
+        ts: Vec::with_capacity(values.len()),
+        vs: Vec::with_capacity(values.len()),
+        ..Default::default()
+    };
+    for (_, t, v) in values {
+        let ms = (t / 1_000_000) as i64;
+        if l.ts.last() == Some(&ms) {
+            *l.vs.last_mut().expect("a value per time") = *v;
+            continue;
+        }
+        l.ts.push(ms);
+        l.vs.push(*v);
+    }
+    l
 }
 
 /// The shown series of one part of a stored series' points (each with only the labels the

@@ -364,6 +364,56 @@ impl Store {
         batch(&columns, arrays).map(Some)
     }
 
+    /// The (series, time, value) of the number points (gauges and sums) of some series in a
+    /// time range, sorted by series and time, each (series, time) once: only the series, time
+    /// and value columns of their rows are read.
+    pub fn metric_values(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot<MetricPoint>,
+        from: Option<u64>,
+        to: Option<u64>,
+        series: &RoaringBitmap,
+    ) -> Result<Vec<(SeriesId, u64, f64)>> {
+        let scan = MetricScan {
+            from,
+            to,
+            series: Some(series.clone()),
+            columns: vec![col::VALUE],
+        };
+        let mut out = Vec::new();
+        for b in self.scan_metrics(tenant, snapshot, &scan)? {
+            let ids = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .ok_or_else(|| StorageError::corrupt("metric block", "series column type"))?;
+            let times = b
+                .column(1)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .ok_or_else(|| StorageError::corrupt("metric block", "time column type"))?;
+            let values = b
+                .column(2)
+                .as_any()
+                .downcast_ref::<arrow::array::Float64Array>()
+                .ok_or_else(|| StorageError::corrupt("metric block", "value column type"))?;
+            out.reserve(b.num_rows());
+            for i in 0..b.num_rows() {
+                if arrow::array::Array::is_valid(values, i) {
+                    out.push((ids.value(i) as u32, times.value(i) as u64, values.value(i)));
+                }
+            }
+        }
+        let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
+        out.retain(|p| p.1 >= cutoff);
+        if !out.is_sorted_by(|a, b| (a.0, a.1) < (b.0, b.1)) {
+            out.sort_by_key(|p| (p.0, p.1));
+            out.dedup_by_key(|p| (p.0, p.1));
+        }
+        Ok(out)
+    }
+
     /// Whole points of a snapshot in a time range, of the given series (all when `None`),
     /// sorted by series and time, each (series, time) once.
     pub fn metric_points(
