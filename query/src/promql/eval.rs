@@ -96,7 +96,10 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
     let expr = parse(query)?;
     let mut ev = Evaluator::new(source, time, time);
     ev.load(&expr, time, time)?;
-    Ok(match ev.eval(&expr, time)? {
+    forget_unnamed();
+    let value = ev.eval(&expr, time);
+    forget_unnamed();
+    Ok(match value? {
         Value::Scalar(v) => QueryResult::Scalar(time, v),
         Value::Str(s) => QueryResult::Str(time, s),
         Value::Vector(samples) => {
@@ -196,32 +199,48 @@ pub fn range_query(
     }
     let mut ev = Evaluator::new(source, start, end);
     ev.load(&expr, start, end)?;
-    let mut series = Accumulator::default();
-    let mut samples = 0usize;
-    let mut t = start;
-    while t <= end {
-        let out = match ev.eval(&expr, t)? {
-            Value::Scalar(v) => vec![Sample {
-                labels: Default::default(),
-                v,
-                t,
-            }],
-            Value::Vector(v) => v,
-            _ => return Err(PromError::execution("range query of a matrix")),
-        };
-        check_unique(out.iter().map(|s| &*s.labels))?;
-        samples += out.len();
-        if samples > MAX_SAMPLES {
-            return Err(PromError::execution(
-                "query processing would load too many samples into memory in query execution",
-            ));
+    forget_unnamed();
+    let answer = ev.evaluate_range(&expr, start, end, step);
+    forget_unnamed();
+    answer
+}
+
+impl Evaluator<'_> {
+    /// The expression at every step, gathered into series.
+    fn evaluate_range(
+        &self,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> Result<QueryResult, PromError> {
+        let mut series = Accumulator::default();
+        let mut samples = 0usize;
+        let mut t = start;
+        while t <= end {
+            let out = match self.eval(expr, t)? {
+                Value::Scalar(v) => vec![Sample {
+                    labels: Default::default(),
+                    v,
+                    t,
+                }],
+                Value::Vector(v) => v,
+                _ => return Err(PromError::execution("range query of a matrix")),
+            };
+            check_unique(out.iter().map(|s| &*s.labels))?;
+            samples += out.len();
+            if samples > MAX_SAMPLES {
+                return Err(PromError::execution(
+                    "query processing would load too many samples into memory in query execution",
+                ));
+            }
+            for s in out {
+                series.push(s.labels, t, s.v);
+            }
+            t += step;
         }
-        for s in out {
-            series.push(s.labels, t, s.v);
-        }
-        t += step;
+        Ok(QueryResult::Matrix(series.finish()))
     }
-    Ok(QueryResult::Matrix(series.finish()))
 }
 
 /// Samples gathered step by step into series, found by the hash of their labels.
@@ -810,10 +829,36 @@ fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
     out
 }
 
+thread_local! {
+    /// A query's label sets without their name, by the address of the set they came from
+    /// (kept alive here, so that the address is not reused): a series' name is dropped once
+    /// per query, not once per step.
+    static UNNAMED: std::cell::RefCell<rustc_hash::FxHashMap<usize, (Arc<Labels>, Arc<Labels>)>> =
+        Default::default();
+}
+
+/// Forgets the label sets of the query that ran before on this thread.
+fn forget_unnamed() {
+    UNNAMED.with(|m| m.borrow_mut().clear());
+}
+
 pub(super) fn drop_name(labels: &mut Arc<Labels>) {
-    if labels.iter().any(|(k, _)| k == "__name__") {
-        Arc::make_mut(labels).retain(|(k, _)| k != "__name__");
+    if !labels.iter().any(|(k, _)| k == "__name__") {
+        return;
     }
+    let key = Arc::as_ptr(labels) as usize;
+    UNNAMED.with(|m| {
+        let mut m = m.borrow_mut();
+        if let Some((_, unnamed)) = m.get(&key) {
+            *labels = unnamed.clone();
+            return;
+        }
+        let mut unnamed = (**labels).clone();
+        unnamed.retain(|(k, _)| k != "__name__");
+        let unnamed = Arc::new(unnamed);
+        m.insert(key, (labels.clone(), unnamed.clone()));
+        *labels = unnamed;
+    });
 }
 
 /// Arithmetic drops the metric name (Prometheus 2 keeps it for `atan2`).
