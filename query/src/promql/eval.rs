@@ -829,12 +829,14 @@ fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
     out
 }
 
+/// Label sets by address: (the set, the set without its name).
+type Unnamed = rustc_hash::FxHashMap<usize, (Arc<Labels>, Arc<Labels>)>;
+
 thread_local! {
     /// A query's label sets without their name, by the address of the set they came from
     /// (kept alive here, so that the address is not reused): a series' name is dropped once
     /// per query, not once per step.
-    static UNNAMED: std::cell::RefCell<rustc_hash::FxHashMap<usize, (Arc<Labels>, Arc<Labels>)>> =
-        Default::default();
+    static UNNAMED: std::cell::RefCell<Unnamed> = Default::default();
 }
 
 /// Forgets the label sets of the query that ran before on this thread.
