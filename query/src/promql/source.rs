@@ -15,7 +15,9 @@ use std::sync::{Arc, RwLock};
 use promql_parser::label::{MatchOp, Matcher};
 use roaring::RoaringBitmap;
 use weft_storage::Store;
-use weft_storage::model::{MetricKind, MetricPoint, PointValue, Series, SeriesId, TenantId};
+use weft_storage::model::{
+    MetricKind, MetricPoint, PointValue, Series, SeriesId, Temporality, TenantId,
+};
 use weft_storage::store::{SeriesCatalog, Snapshot};
 
 use super::names::{label_name, series_name};
@@ -265,7 +267,12 @@ impl Source {
             };
             for (part, name) in chosen {
                 let expanded = match (numbers_of, points) {
-                    (Some(values), _) => vec![number_series(values)],
+                    (Some(values), _) => {
+                        let counter = series.kind == MetricKind::Sum
+                            && series.monotonic
+                            && series.temporality == Temporality::Cumulative;
+                        vec![number_series(values, counter)]
+                    }
                     (None, Some(points)) => expand(part, points),
                     (None, None) => Vec::new(),
                 };
@@ -494,14 +501,32 @@ pub fn insert(labels: &mut Labels, k: String, v: String) {
     }
 }
 
-/// A number series' samples in milliseconds (two points in one millisecond: the last).
-fn number_series(values: &[(SeriesId, u64, f64)]) -> Loaded {
+/// A number series' samples in milliseconds (two points in one millisecond: the last). For a
+/// cumulative counter, a start time that moves past the previous point is a reset even when the
+/// value did not fall (the process restarted and counted past its old value): a zero at the new
+/// start time makes `rate` and `increase` see it, as Prometheus's created-timestamp zero
+/// ingestion does.
+fn number_series(values: &[(SeriesId, u64, u64, f64)], counter: bool) -> Loaded {
     let mut l = Loaded {
         ts: Vec::with_capacity(values.len()),
         vs: Vec::with_capacity(values.len()),
         ..Default::default()
     };
-    for (_, t, v) in values {
+    let mut previous: Option<(u64, u64)> = None;
+    for (_, t, start, v) in values {
+        if counter
+            && let Some((prev_time, prev_start)) = previous
+            && *start > prev_start
+            && *start > prev_time
+            && *start < *t
+        {
+            let zero = (start / 1_000_000) as i64;
+            if l.ts.last().is_none_or(|last| *last < zero) {
+                l.ts.push(zero);
+                l.vs.push(0.0);
+            }
+        }
+        previous = Some((*t, *start));
         let ms = (t / 1_000_000) as i64;
         if l.ts.last() == Some(&ms) {
             *l.vs.last_mut().expect("a value per time") = *v;

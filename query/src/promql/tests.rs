@@ -295,3 +295,47 @@ fn exporters_answer_to_one_canonical_vocabulary() {
     assert_eq!(raw.len(), 1);
     assert_eq!(raw[0].1, 50.0);
 }
+
+#[test]
+fn a_counter_restart_is_seen_by_its_start_time_even_when_the_value_did_not_fall() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    let t = TenantId::new("t").unwrap();
+    let series = Series {
+        name: "vllm.requests".into(),
+        kind: MetricKind::Sum,
+        monotonic: true,
+        temporality: weft_storage::model::Temporality::Cumulative,
+        ..Default::default()
+    };
+    let id = store.register_series(&t, &[series]).unwrap()[0];
+    let ms = |m: i64| UnixNanos(m as u64 * 1_000_000);
+    // 100, 200, 300 counted since T0; the process restarts at T0+50 s and counts 350, 400
+    let points = [
+        (15, 0, 100.0),
+        (30, 0, 200.0),
+        (45, 0, 300.0),
+        (60, 50, 350.0),
+        (75, 50, 400.0),
+    ]
+    .into_iter()
+    .map(|(s, start, v)| MetricPoint {
+        series: id,
+        time: ms(T0 + s * 1000),
+        start_time: ms(T0 + start * 1000),
+        value: PointValue::Number(v),
+        ..Default::default()
+    })
+    .collect();
+    store.append_points(&t, points).unwrap();
+    let src = Source::new(store, t);
+    let at = T0 + 75_000;
+    let resets = vector(instant_query(&src, "resets(vllm_requests_total[2m])", at).unwrap());
+    assert_eq!(resets[0].1, 1.0);
+    // (300 - 100) before the restart, 400 after it
+    let QueryResult::Matrix(m) = instant_query(&src, "vllm_requests_total[2m]", at).unwrap() else {
+        panic!()
+    };
+    assert_eq!(m[0].vs, vec![100.0, 200.0, 300.0, 0.0, 350.0, 400.0]);
+    assert_eq!(m[0].ts[3], T0 + 50_000);
+}

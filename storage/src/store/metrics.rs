@@ -364,9 +364,9 @@ impl Store {
         batch(&columns, arrays).map(Some)
     }
 
-    /// The (series, time, value) of the number points (gauges and sums) of some series in a
-    /// time range, sorted by series and time, each (series, time) once: only the series, time
-    /// and value columns of their rows are read.
+    /// The (series, time, start time, value) of the number points (gauges and sums) of some
+    /// series in a time range, sorted by series and time, each (series, time) once: only the
+    /// series, time, start time and value columns of their rows are read.
     pub fn metric_values(
         &self,
         tenant: &TenantId,
@@ -374,12 +374,12 @@ impl Store {
         from: Option<u64>,
         to: Option<u64>,
         series: &RoaringBitmap,
-    ) -> Result<Vec<(SeriesId, u64, f64)>> {
+    ) -> Result<Vec<(SeriesId, u64, u64, f64)>> {
         let scan = MetricScan {
             from,
             to,
             series: Some(series.clone()),
-            columns: vec![col::VALUE],
+            columns: vec![col::START_TIME, col::VALUE],
         };
         let mut out = Vec::new();
         for b in self.scan_metrics(tenant, snapshot, &scan)? {
@@ -393,15 +393,25 @@ impl Store {
                 .as_any()
                 .downcast_ref::<arrow::array::Int64Array>()
                 .ok_or_else(|| StorageError::corrupt("metric block", "time column type"))?;
-            let values = b
+            let starts = b
                 .column(2)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .ok_or_else(|| StorageError::corrupt("metric block", "start column type"))?;
+            let values = b
+                .column(3)
                 .as_any()
                 .downcast_ref::<arrow::array::Float64Array>()
                 .ok_or_else(|| StorageError::corrupt("metric block", "value column type"))?;
             out.reserve(b.num_rows());
             for i in 0..b.num_rows() {
                 if arrow::array::Array::is_valid(values, i) {
-                    out.push((ids.value(i) as u32, times.value(i) as u64, values.value(i)));
+                    out.push((
+                        ids.value(i) as u32,
+                        times.value(i) as u64,
+                        starts.value(i) as u64,
+                        values.value(i),
+                    ));
                 }
             }
         }
