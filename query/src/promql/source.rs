@@ -268,10 +268,17 @@ impl Source {
             for (part, name) in chosen {
                 let expanded = match (numbers_of, points) {
                     (Some(values), _) => {
-                        let counter = series.kind == MetricKind::Sum
-                            && series.monotonic
-                            && series.temporality == Temporality::Cumulative;
-                        vec![number_series(values, counter)]
+                        let monotonic = series.kind == MetricKind::Sum && series.monotonic;
+                        let mut l = number_series(
+                            values,
+                            monotonic && series.temporality == Temporality::Cumulative,
+                        );
+                        if series.kind == MetricKind::Sum
+                            && series.temporality == Temporality::Delta
+                        {
+                            accumulate(&mut l);
+                        }
+                        vec![l]
                     }
                     (None, Some(points)) => expand(part, points),
                     (None, None) => Vec::new(),
@@ -498,6 +505,16 @@ pub fn insert(labels: &mut Labels, k: String, v: String) {
     match labels.binary_search_by(|(x, _)| x.as_str().cmp(&k)) {
         Ok(i) => labels[i].1 = v,
         Err(i) => labels.insert(i, (k, v)),
+    }
+}
+
+/// A delta sum shown as Prometheus keeps sums, cumulative: each point the running total of
+/// the deltas read (from the start of the queried range), so that `rate` and `increase` work.
+fn accumulate(l: &mut Loaded) {
+    let mut total = 0.0;
+    for v in l.vs.iter_mut().filter(|v| !is_stale(**v)) {
+        total += *v;
+        *v = total;
     }
 }
 

@@ -339,3 +339,23 @@ fn a_counter_restart_is_seen_by_its_start_time_even_when_the_value_did_not_fall(
     assert_eq!(m[0].vs, vec![100.0, 200.0, 300.0, 0.0, 350.0, 400.0]);
     assert_eq!(m[0].ts[3], T0 + 50_000);
 }
+
+#[test]
+fn delta_sums_show_cumulative_so_rates_work() {
+    let (_d, src) = store_with(&[(
+        Series {
+            name: "tokens".into(),
+            kind: MetricKind::Sum,
+            monotonic: true,
+            temporality: weft_storage::model::Temporality::Delta,
+            ..Default::default()
+        },
+        every_15s(9, |_| 30.0),
+    )]);
+    let at = T0 + 8 * 15_000;
+    let v = vector(instant_query(&src, "tokens_total", at).unwrap());
+    assert_eq!(v[0].1, 270.0);
+    // 30 per 15 s over the two minutes the samples span
+    let r = vector(instant_query(&src, "rate(tokens_total[2m])", at).unwrap());
+    assert!((r[0].1 - 2.0).abs() < 1e-9, "{r:?}");
+}
