@@ -104,6 +104,36 @@ struct Shape<'a> {
 struct Builder {
     out: ConvertedMetrics,
     index: HashMap<Vec<u8>, usize>,
+    /// Series already seen in this request by (resource, metric, point attributes) as sent:
+    /// the points of one series repeat its attributes, and finding them here skips building,
+    /// sorting and encoding its labels again.
+    seen: rustc_hash::FxHashMap<u64, Vec<(Vec<KeyValue>, usize)>>,
+    /// The resource (index in the request) whose metrics are being read.
+    resource: usize,
+}
+
+/// A hash of a point's series as sent (`None` for attribute values not worth hashing, which
+/// take the full path).
+fn sent_hash(resource: usize, shape: &Shape<'_>, attrs: &[KeyValue]) -> Option<u64> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as V;
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    resource.hash(&mut h);
+    shape.name.hash(&mut h);
+    shape.unit.hash(&mut h);
+    (shape.kind as u8, shape.temporality as u8, shape.monotonic).hash(&mut h);
+    for kv in attrs {
+        kv.key.hash(&mut h);
+        match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(V::StringValue(s)) => s.hash(&mut h),
+            Some(V::IntValue(i)) => i.hash(&mut h),
+            Some(V::BoolValue(b)) => b.hash(&mut h),
+            Some(V::DoubleValue(d)) => d.to_bits().hash(&mut h),
+            None => 0u8.hash(&mut h),
+            Some(_) => return None,
+        }
+    }
+    Some(h.finish())
 }
 
 impl Builder {
@@ -335,6 +365,7 @@ pub fn convert_request(req: ExportMetricsServiceRequest, limits: SpanLimits) -> 
         for (si, sm) in rm.scope_metrics.into_iter().enumerate() {
             for (mi, m) in sm.metrics.into_iter().enumerate() {
                 let place = format!("metric {mi} ({:?}) of scope {si} of resource {ri}", m.name);
+                b.resource = ri;
                 metric_points(&mut b, &base, m, limits, &place);
             }
         }
@@ -413,7 +444,25 @@ fn metric_points(
         let checked = value.and_then(|v| check_common(&common, limits).map(|e| (v, e)));
         match checked {
             Ok((value, exemplars)) => {
-                let series = b.series(&shape, labels(base, common.attributes));
+                let key = sent_hash(b.resource, &shape, &common.attributes);
+                let known = key.and_then(|k| {
+                    b.seen.get(&k).and_then(|same| {
+                        same.iter()
+                            .find(|(attrs, _)| *attrs == common.attributes)
+                            .map(|(_, i)| *i)
+                    })
+                });
+                let series = match known {
+                    Some(i) => i,
+                    None => {
+                        let attrs = key.map(|_| common.attributes.clone());
+                        let i = b.series(&shape, labels(base, common.attributes));
+                        if let (Some(k), Some(attrs)) = (key, attrs) {
+                            b.seen.entry(k).or_default().push((attrs, i));
+                        }
+                        i
+                    }
+                };
                 b.out.points.push((
                     series,
                     MetricPoint {
