@@ -274,6 +274,20 @@ type SeriesPoints = BTreeMap<String, Vec<(u64, f64)>>;
 
 /// The samples as OpenMetrics text, one family after another, each series in time order.
 pub fn write_openmetrics(cfg: &MetricConfig, out: &mut impl Write) -> std::io::Result<()> {
+    write_exposition(cfg, out, true)
+}
+
+/// The samples as Prometheus's text exposition format (timestamps in milliseconds, no `# EOF`),
+/// as VictoriaMetrics' `/api/v1/import/prometheus` takes them.
+pub fn write_prometheus_text(cfg: &MetricConfig, out: &mut impl Write) -> std::io::Result<()> {
+    write_exposition(cfg, out, false)
+}
+
+fn write_exposition(
+    cfg: &MetricConfig,
+    out: &mut impl Write,
+    openmetrics: bool,
+) -> std::io::Result<()> {
     // family -> series (labels text) -> samples
     let mut families: BTreeMap<&'static str, SeriesPoints> = Default::default();
     for group in sample_groups(cfg, 64) {
@@ -308,14 +322,21 @@ pub fn write_openmetrics(cfg: &MetricConfig, out: &mut impl Write) -> std::io::R
         writeln!(out, "# TYPE {family} {kind}")?;
         for (labels, points) in series {
             for (t, v) in points {
-                writeln!(
-                    out,
-                    "{sample_name}{{{labels}}} {v} {}.{:03}",
-                    t / 1000,
-                    t % 1000
-                )?;
+                if openmetrics {
+                    writeln!(
+                        out,
+                        "{sample_name}{{{labels}}} {v} {}.{:03}",
+                        t / 1000,
+                        t % 1000
+                    )?;
+                } else {
+                    writeln!(out, "{sample_name}{{{labels}}} {v} {t}")?;
+                }
             }
         }
     }
-    writeln!(out, "# EOF")
+    if openmetrics {
+        writeln!(out, "# EOF")?;
+    }
+    Ok(())
 }

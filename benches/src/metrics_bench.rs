@@ -4,7 +4,7 @@
 //! `query_range` queries (the whole run, 15 s step) timed on Weft and on a Prometheus serving
 //! those blocks, in the same run, with their series counts checked to agree.
 
-use weft_bench::metrics::{MetricConfig, metric_batches, write_openmetrics};
+use weft_bench::metrics::{MetricConfig, metric_batches, write_openmetrics, write_prometheus_text};
 
 use super::*;
 
@@ -129,9 +129,11 @@ pub(crate) async fn metrics(
     );
     terminate(&mut server)?;
     drop(compacted(&dir)?);
-    let weft_bytes = dir_bytes(&dir);
+    let all_bytes = dir_bytes(&dir);
+    // RocksDB's own info logs and option files are not data
+    let weft_bytes = all_bytes - logs_bytes(&dir);
     println!(
-        "weft on disk after a clean stop and compaction: {weft_bytes} bytes = {:.3} bytes/point",
+        "weft on disk after a clean stop and compaction: {weft_bytes} bytes = {:.3} bytes/point ({all_bytes} with RocksDB's LOG and OPTIONS files)",
         weft_bytes as f64 / points as f64
     );
 
@@ -187,6 +189,7 @@ pub(crate) async fn metrics(
         anyhow::ensure!(Instant::now() < deadline, "prometheus did not become ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let vm = victoria(&cfg, temp.path(), points).await?;
     let (mut server, _) = start_server(&bin, &dir, &extra).await?;
     let weft_url = format!("{}/prometheus", server.http);
     let start = cfg.start_s;
@@ -195,7 +198,7 @@ pub(crate) async fn metrics(
         "query_range over {} s at a 15 s step, best of {runs}:",
         end - start
     );
-    let (mut total_w, mut total_p) = (Duration::ZERO, Duration::ZERO);
+    let (mut total_w, mut total_p, mut total_v) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for (label, q) in QUERIES {
         let (w, ws) = time_query(&client, &weft_url, q, start, end, runs).await?;
         let (p, ps) = time_query(&client, &prom_url, q, start, end, runs).await?;
@@ -205,15 +208,34 @@ pub(crate) async fn metrics(
         );
         total_w += w;
         total_p += p;
+        let vm_text = match &vm {
+            Some(vm) => {
+                let (v, vs) = time_query(&client, &vm.url, q, start, end, runs).await?;
+                total_v += v;
+                format!(
+                    "  victoriametrics {:>8.2} ms ({vs} series)",
+                    v.as_secs_f64() * 1e3
+                )
+            }
+            None => String::new(),
+        };
         println!(
-            "  {label:<18} {ws:>5} series  weft {:>8.2} ms  prometheus {:>8.2} ms  ratio {:.2}",
+            "  {label:<18} {ws:>5} series  weft {:>8.2} ms  prometheus {:>8.2} ms  ratio {:.2}{vm_text}",
             w.as_secs_f64() * 1e3,
             p.as_secs_f64() * 1e3,
             w.as_secs_f64() / p.as_secs_f64()
         );
     }
+    let vm_total = match &vm {
+        Some(_) => format!(
+            "  victoriametrics {:>8.2} ms (weft / victoriametrics {:.2})",
+            total_v.as_secs_f64() * 1e3,
+            total_w.as_secs_f64() / total_v.as_secs_f64()
+        ),
+        None => String::new(),
+    };
     println!(
-        "  {:<18}        weft {:>8.2} ms  prometheus {:>8.2} ms  ratio {:.2}",
+        "  {:<18}        weft {:>8.2} ms  prometheus {:>8.2} ms  ratio {:.2}{vm_total}",
         "total",
         total_w.as_secs_f64() * 1e3,
         total_p.as_secs_f64() * 1e3,
@@ -222,5 +244,117 @@ pub(crate) async fn metrics(
     terminate(&mut server)?;
     let _ = prom.kill();
     let _ = prom.wait();
+    if let Some(mut vm) = vm {
+        let _ = vm.child.kill();
+        let _ = vm.child.wait();
+    }
     Ok(())
+}
+
+/// A VictoriaMetrics serving the same points.
+struct Victoria {
+    child: Child,
+    url: String,
+}
+
+/// Starts Debian's VictoriaMetrics on an empty directory, imports the points (Prometheus text,
+/// millisecond timestamps) and reports its bytes per point; `None` when it is not installed.
+async fn victoria(
+    cfg: &MetricConfig,
+    temp: &Path,
+    points: usize,
+) -> anyhow::Result<Option<Victoria>> {
+    let Ok(bin) = which("victoria-metrics") else {
+        println!("victoria-metrics not installed (Debian package victoria-metrics): left out");
+        return Ok(None);
+    };
+    let data = temp.join("vm");
+    let port = free_port()?;
+    let child = Command::new(bin)
+        .arg(format!("-storageDataPath={}", data.display()))
+        .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
+        .arg("-retentionPeriod=100y")
+        .arg("-search.latencyOffset=0s")
+        // its rollup result cache would answer the timed runs from memory
+        .arg("-search.disableCache")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start victoria-metrics")?;
+    let url = format!("http://127.0.0.1:{port}");
+    let client = Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = client.get(&format!("{url}/health"), &[]).await
+            && r.status == StatusCode::OK
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "victoria-metrics did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut text = Vec::new();
+    write_prometheus_text(cfg, &mut text)?;
+    let started = Instant::now();
+    let reply = client
+        .post(
+            &format!("{url}/api/v1/import/prometheus"),
+            &[("content-type", "text/plain")],
+            Bytes::from(text),
+        )
+        .await?;
+    anyhow::ensure!(
+        reply.status.is_success(),
+        "victoria-metrics import: {} {}",
+        reply.status,
+        reply.text()
+    );
+    client
+        .get(&format!("{url}/internal/force_flush"), &[])
+        .await?;
+    let took = started.elapsed();
+    // parts are written and merged in the background: measure once the size settles
+    let mut bytes = dir_bytes(&data);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = dir_bytes(&data);
+        if now == bytes {
+            break;
+        }
+        bytes = now;
+    }
+    println!(
+        "victoriametrics (import {:.2} s): {bytes} bytes = {:.3} bytes/point",
+        took.as_secs_f64(),
+        bytes as f64 / points as f64
+    );
+    Ok(Some(Victoria { child, url }))
+}
+
+/// Bytes of RocksDB's info logs and option files in a store directory.
+fn logs_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("LOG") || name.starts_with("OPTIONS")
+        })
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn which(name: &str) -> anyhow::Result<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow::anyhow!("{name} not found"))
 }
