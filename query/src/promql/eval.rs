@@ -227,7 +227,6 @@ impl Evaluator<'_> {
                 Value::Vector(v) => v,
                 _ => return Err(PromError::execution("range query of a matrix")),
             };
-            check_unique(out.iter().map(|s| &*s.labels))?;
             samples += out.len();
             if samples > MAX_SAMPLES {
                 return Err(PromError::execution(
@@ -235,7 +234,12 @@ impl Evaluator<'_> {
                 ));
             }
             for s in out {
-                series.push(s.labels, t, s.v);
+                // a series given two values at one step: two samples had its labels
+                if !series.push(s.labels, t, s.v) {
+                    return Err(PromError::execution(
+                        "vector cannot contain metrics with the same labelset",
+                    ));
+                }
             }
             t += step;
         }
@@ -247,11 +251,26 @@ impl Evaluator<'_> {
 #[derive(Default)]
 struct Accumulator {
     index: rustc_hash::FxHashMap<u64, Vec<usize>>,
+    /// Series by the address of a label set seen at an earlier step (a selector's series
+    /// hands the same set at every step), the sets kept alive so that no address is reused.
+    by_address: rustc_hash::FxHashMap<usize, usize>,
+    owners: Vec<Arc<Labels>>,
     series: Vec<Loaded>,
 }
 
 impl Accumulator {
-    fn push(&mut self, labels: Arc<Labels>, t: i64, v: f64) {
+    /// Adds a sample; false when its series already has one at `t`.
+    fn push(&mut self, labels: Arc<Labels>, t: i64, v: f64) -> bool {
+        let address = Arc::as_ptr(&labels) as usize;
+        if let Some(&i) = self.by_address.get(&address) {
+            return self.add(i, t, v);
+        }
+        // only a set held elsewhere too (a selector's, a memo's) comes back at later steps;
+        // one made for this step alone is not worth keeping alive
+        let shared = Arc::strong_count(&labels) > 1;
+        if shared {
+            self.owners.push(labels.clone());
+        }
         let mut h = rustc_hash::FxHasher::default();
         labels.hash(&mut h);
         let same = self.index.entry(h.finish()).or_default();
@@ -270,8 +289,20 @@ impl Accumulator {
                 self.series.len() - 1
             }
         };
-        self.series[i].ts.push(t);
-        self.series[i].vs.push(v);
+        if shared {
+            self.by_address.insert(address, i);
+        }
+        self.add(i, t, v)
+    }
+
+    fn add(&mut self, i: usize, t: i64, v: f64) -> bool {
+        let s = &mut self.series[i];
+        if s.ts.last() == Some(&t) {
+            return false;
+        }
+        s.ts.push(t);
+        s.vs.push(v);
+        true
     }
 
     /// The series, sorted by labels.
@@ -409,7 +440,11 @@ impl<'a> Evaluator<'a> {
                         _ => return Err(PromError::bad_data("subquery of a non-vector")),
                     };
                     for s in samples {
-                        series.push(s.labels, t, s.v);
+                        if !series.push(s.labels, t, s.v) {
+                            return Err(PromError::execution(
+                                "vector cannot contain metrics with the same labelset",
+                            ));
+                        }
                     }
                     t += step;
                 }
