@@ -49,6 +49,9 @@ pub struct Source {
 /// A shown series' labels with its exemplars: (exemplar labels, value, time ms).
 pub type SeriesExemplars = (Labels, Vec<(Labels, f64, i64)>);
 
+/// The parts of a series that show, each with its shown name.
+pub(super) type Shown = Vec<(Part, String)>;
+
 /// A stored series that may show, with the parts of it whose shown name passes, and for a
 /// series shown under a canonical name ([`super::vocabulary`]), the factor to its unit.
 pub(super) type Candidate = (SeriesId, Arc<Series>, Vec<(Part, String)>, Option<f64>);
@@ -131,44 +134,39 @@ impl Source {
         }
         let names: Vec<&&Matcher> = matchers.iter().filter(|m| m.name == "__name__").collect();
         let mut out = Vec::new();
-        let mut base_names: HashMap<(String, String, MetricKind, bool), String> = HashMap::new();
+        // the parts a (name, unit, kind, monotonic) shows and that pass the name matchers,
+        // worked out once for all the series that share them
+        let mut parts_of: HashMap<(&str, MetricKind, bool), Shown> = HashMap::new();
+        let pass = |n: &str| names.iter().all(|m| m.is_match(n));
         for (name, ids) in c.names() {
+            parts_of.clear();
             let ids = match &set {
                 Some(s) => ids & s,
                 None => ids.clone(),
             };
             for id in ids.iter() {
                 let Some(series) = c.get(id) else { continue };
-                let key = (
-                    name.clone(),
-                    series.unit.clone(),
-                    series.kind,
-                    series.monotonic,
-                );
-                let base = base_names
-                    .entry(key)
-                    .or_insert_with(|| series_name(series))
-                    .clone();
-                let mut chosen = Vec::new();
-                for (part, suffix) in parts(series.kind) {
-                    let shown = format!("{base}{suffix}");
-                    let original = format!("{name}{suffix}");
-                    let pass = |n: &str| names.iter().all(|m| m.is_match(n));
-                    if pass(&shown) {
-                        chosen.push((*part, shown));
-                    } else if original != shown && pass(&original) {
-                        // addressed by its OTLP name: shown under the translated one
-                        chosen.push((*part, shown));
+                let key = (series.unit.as_str(), series.kind, series.monotonic);
+                let chosen = parts_of.entry(key).or_insert_with(|| {
+                    let base = series_name(series);
+                    let mut chosen = Vec::new();
+                    for (part, suffix) in parts(series.kind) {
+                        let shown = format!("{base}{suffix}");
+                        let original = format!("{name}{suffix}");
+                        // addressed by its OTLP name, a series shows under the translated one
+                        if pass(&shown) || (original != shown && pass(&original)) {
+                            chosen.push((*part, shown));
+                        }
                     }
-                }
+                    chosen
+                });
                 if !chosen.is_empty() {
-                    out.push((id, series.clone(), chosen, None));
+                    out.push((id, series.clone(), chosen.clone(), None));
                 }
             }
         }
         // canonical names: their sources' series, whatever exporter wrote them (label
         // matchers are checked on the canonical labels afterwards)
-        let pass = |n: &str| names.iter().all(|m| m.is_match(n));
         for canonical in super::vocabulary::CANONICAL {
             let shown =
                 super::names::metric_name(canonical.name, canonical.unit, MetricKind::Gauge, false);
