@@ -4,7 +4,10 @@
 //! Columns ([`col`]): series id, time and start time as int64 with Parquet's delta binary
 //! packing (a run of regularly sampled times has one delta, so after the page's minimum delta
 //! is taken away each time costs no bits: delta-of-delta in effect; a series boundary costs one
-//! wide delta); the value, sum, min and max as float64 byte-stream-split then zstd; counts as
+//! wide delta); the value dictionary-encoded (Parquet falls back to plain pages when a page's
+//! values do not repeat) then zstd, chosen by measurement against byte-stream-split, plain and
+//! Gorilla's XOR (`size_probe` below; figures in BENCHMARKS.md): gauges are mostly rounded
+//! values that repeat; sum, min and max byte-stream-split then zstd; counts as
 //! delta-packed int64; explicit bucket bounds and counts as lists (bounds dictionary-encoded:
 //! a series repeats them at every point); exponential histograms and summaries in the codec's
 //! binary form (`detail`); exemplars likewise, null where a point has none. A column with
@@ -150,7 +153,7 @@ impl MetricColumns {
             (col::TIME, int(), Enc::Delta),
             (col::START_TIME, int(), Enc::Delta),
             (col::FLAGS, int(), Enc::Dict),
-            (col::VALUE, Arc::new(self.value.finish()), Enc::Split),
+            (col::VALUE, Arc::new(self.value.finish()), Enc::Dict),
             (col::COUNT, Arc::new(self.count.finish()), Enc::Delta),
             (col::SUM, float(), Enc::Split),
             (col::MIN, float(), Enc::Split),
@@ -303,4 +306,79 @@ fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
     a.as_any()
         .downcast_ref::<T>()
         .ok_or_else(|| StorageError::corrupt("metric block", "column of an unexpected type"))
+}
+
+#[cfg(test)]
+mod size_probe {
+    //! Values of GPU gauges, series after series as a block holds them, encoded the ways the
+    //! metrics issue asks to choose between: byte-stream-split (what blocks use), plain and
+    //! dictionary Parquet, each with zstd where it pays, and Gorilla's XOR.
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Gorilla's XOR encoding (Pelkonen et al. 2015), in bits.
+    fn xor_bits(values: &[f64]) -> usize {
+        let mut bits = 64;
+        let (mut prev, mut lead, mut trail) = (values[0].to_bits(), 64u32, 64u32);
+        for v in &values[1..] {
+            let x = v.to_bits() ^ prev;
+            prev = v.to_bits();
+            if x == 0 {
+                bits += 1;
+                continue;
+            }
+            let (l, t) = (x.leading_zeros().min(31), x.trailing_zeros());
+            if lead <= l && trail <= t && lead < 64 {
+                bits += 2 + (64 - lead - trail) as usize;
+            } else {
+                bits += 2 + 5 + 6 + (64 - l - t) as usize;
+                (lead, trail) = (l, t);
+            }
+        }
+        bits
+    }
+
+    #[test]
+    #[ignore = "prints encoded sizes of candidate value encodings; run by hand"]
+    fn probe() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut values = Vec::new();
+        let mut series_starts = vec![0];
+        for series in 0..1024 {
+            let mut load: f64 = rng.random_range(0.3..0.9);
+            for _ in 0..360 {
+                load = (load + rng.random_range(-0.05..0.05)).clamp(0.0, 1.0);
+                values.push(match series % 8 {
+                    0 => (load * 100.0).round(),
+                    1 => (81_559.0 * (0.55 + 0.25 * load)).round(),
+                    2 => (81_559.0 * (0.45 - 0.25 * load)).round(),
+                    3 => (40.0 + 35.0 * load).round(),
+                    4 => ((120.0 + 560.0 * load) * 1000.0).round() / 1000.0,
+                    5 => 1980.0,
+                    6 => 2619.0,
+                    _ => (load * 0.7 * 1e4).round() / 1e4,
+                });
+            }
+            series_starts.push(values.len());
+        }
+        let array: ArrayRef = Arc::new(Float64Array::from(values.clone()));
+        for enc in [Enc::Split, Enc::Plain, Enc::Dict] {
+            let bytes = encode_chunk_with(&array, enc, Compression::Zstd)
+                .unwrap()
+                .len();
+            println!(
+                "{enc:?} (+ zstd where it pays): {:.3} bytes/value",
+                bytes as f64 / values.len() as f64
+            );
+        }
+        let xor: usize = series_starts
+            .windows(2)
+            .map(|w| xor_bits(&values[w[0]..w[1]]))
+            .sum();
+        println!(
+            "Gorilla XOR per series: {:.3} bytes/value",
+            xor as f64 / 8.0 / values.len() as f64
+        );
+    }
 }
