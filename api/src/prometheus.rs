@@ -428,11 +428,11 @@ fn selectors(params: &Params) -> Result<Vec<Vec<Matcher>>, PromError> {
 /// (every series when it has none).
 fn label_sets(source: &Source, params: &Params) -> Result<Vec<Labels>, PromError> {
     let matchers = selectors(params)?;
-    if matchers.is_empty() {
-        return source.all_label_sets();
-    }
     let start = params.time("start", 0)?;
     let end = params.time("end", now_ms())?;
+    if matchers.is_empty() {
+        return source.all_label_sets(start, end);
+    }
     let mut out = BTreeSet::new();
     for m in &matchers {
         let refs: Vec<&Matcher> = m.iter().collect();

@@ -314,8 +314,9 @@ impl Source {
 
     /// The label sets of every stored series as shown, one per part: what label and series
     /// listings answer when no selector narrows them. Only histograms and summaries have
-    /// their points read (their `le` and `quantile` labels are in the points).
-    pub fn all_label_sets(&self) -> Result<Vec<Labels>, PromError> {
+    /// their points read, in `[from, to]` (ms): their `le` and `quantile` labels are in the
+    /// points.
+    pub fn all_label_sets(&self, from: i64, to: i64) -> Result<Vec<Labels>, PromError> {
         let mut out = Vec::new();
         let mut detailed = RoaringBitmap::new();
         {
@@ -358,7 +359,13 @@ impl Source {
         if !detailed.is_empty() {
             let points = self
                 .store
-                .metric_points(&self.tenant, &self.snapshot, None, None, Some(&detailed))
+                .metric_points(
+                    &self.tenant,
+                    &self.snapshot,
+                    Some(from.max(0) as u64 * 1_000_000),
+                    Some(to.max(0) as u64 * 1_000_000 + 999_999),
+                    Some(&detailed),
+                )
                 .map_err(|e| PromError::internal(e.to_string()))?;
             let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
             for id in detailed.iter() {

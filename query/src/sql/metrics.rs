@@ -545,16 +545,21 @@ impl MetricsTable {
                     Arc::new(b.finish())
                 }
                 ("labels", _) => {
-                    let rows: Vec<Vec<KeyValue>> = series
-                        .iter()
-                        .map(|s| {
+                    // each run of one series' rows shares one decoded label list
+                    let mut lists: Vec<Arc<Vec<KeyValue>>> = Vec::with_capacity(n);
+                    for (i, s) in series.iter().enumerate() {
+                        if i > 0 && Arc::ptr_eq(s, &series[i - 1]) {
+                            lists.push(lists[i - 1].clone());
+                            continue;
+                        }
+                        lists.push(Arc::new(
                             s.labels
                                 .iter()
                                 .map(|(k, v)| KeyValue::new(k.clone(), Value::Str(v.clone())))
-                                .collect()
-                        })
-                        .collect();
-                    map_column(rows.iter().map(Vec::as_slice))?
+                                .collect(),
+                        ));
+                    }
+                    map_column(lists.iter().map(|l| l.as_slice()))?
                 }
                 (other, _) => {
                     return Err(DataFusionError::Internal(format!(
