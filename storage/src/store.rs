@@ -339,6 +339,8 @@ pub struct Store {
     postings: Bounded<Arc<Vec<(String, RoaringBitmap)>>>,
     /// Trace runs of blocks, by block key (from the blocks' trace summaries).
     trace_runs: Bounded<Arc<TraceRuns>>,
+    /// Each metric block's series runs (series id, first row, rows), by block key.
+    series_runs: Bounded<Arc<Vec<(u32, u32, u32)>>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
     pub stats: StoreStats,
@@ -439,6 +441,7 @@ impl Store {
             chunks: Bounded::new(CHUNK_CACHE_BYTES),
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
+            series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
             text,

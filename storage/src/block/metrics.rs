@@ -213,25 +213,6 @@ pub fn build(mut rows: Vec<&MetricPoint>, compression: Compression) -> Result<Bu
     })
 }
 
-/// The rows of a block whose series is in `series` (ascending row numbers), from the sorted
-/// `series` column: each series is one run, found by binary search.
-pub fn rows_of_series(sorted: &[i64], series: &roaring::RoaringBitmap) -> roaring::RoaringBitmap {
-    let mut out = roaring::RoaringBitmap::new();
-    let (Some(&first), Some(&last)) = (sorted.first(), sorted.last()) else {
-        return out;
-    };
-    let range = series.range(first as u32..=last as u32);
-    for s in range {
-        let s = i64::from(s);
-        let lo = sorted.partition_point(|&x| x < s);
-        let hi = sorted.partition_point(|&x| x <= s);
-        if lo < hi {
-            out.insert_range(lo as u32..hi as u32);
-        }
-    }
-    out
-}
-
 /// Whole points of the given rows of a metric block.
 pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<Vec<MetricPoint>> {
     let get = |name: &'static str| reader.required(name, rows);

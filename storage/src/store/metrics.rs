@@ -175,6 +175,49 @@ impl MetricScan {
 }
 
 impl Store {
+    /// The rows of a metric block holding the given series, from the block's series runs (read
+    /// once per block, then kept: blocks are immutable).
+    fn rows_of_series(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        series: &RoaringBitmap,
+    ) -> Result<RoaringBitmap> {
+        let key = keys::block_key(tenant, Signal::Metrics, keys::META, addr);
+        let runs = match self.series_runs.get(&key) {
+            Some(runs) => runs,
+            None => {
+                let ids = self
+                    .reader_of(tenant, Signal::Metrics, addr, meta)
+                    .ints(col::SERIES, &Rows::All)?;
+                let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+                for (row, id) in ids.iter().enumerate() {
+                    match runs.last_mut() {
+                        Some(last) if last.0 == *id as u32 => last.2 += 1,
+                        _ => runs.push((*id as u32, row as u32, 1)),
+                    }
+                }
+                let runs = Arc::new(runs);
+                self.series_runs.insert(key, 1, runs.clone());
+                runs
+            }
+        };
+        let mut out = RoaringBitmap::new();
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            return Ok(out);
+        };
+        for s in series.range(first.0..=last.0) {
+            let i = runs.partition_point(|r| r.0 < s);
+            if let Some(&(id, start, len)) = runs.get(i)
+                && id == s
+            {
+                out.insert_range(start..start + len);
+            }
+        }
+        Ok(out)
+    }
+
     /// The ids of series (given in the order of `series`), registering the new ones: they are
     /// written, synced, before this returns, so that a point referring to them is never
     /// durable without them.
@@ -330,8 +373,7 @@ impl Store {
         let reader = self.reader_of(tenant, Signal::Metrics, addr, meta);
         let mut rows: Option<RoaringBitmap> = None;
         if let Some(series) = &scan.series {
-            let ids = reader.ints(col::SERIES, &Rows::All)?;
-            rows = Some(metrics::rows_of_series(&ids, series));
+            rows = Some(self.rows_of_series(tenant, addr, meta, series)?);
         }
         if !scan.covers(meta) || snapshot.straddles(meta) {
             let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
@@ -452,10 +494,7 @@ impl Store {
             }
             let reader = self.reader_of(tenant, Signal::Metrics, *addr, meta);
             let rows = match series {
-                Some(s) => Rows::Set(metrics::rows_of_series(
-                    &reader.ints(col::SERIES, &Rows::All)?,
-                    s,
-                )),
+                Some(s) => Rows::Set(self.rows_of_series(tenant, *addr, meta, s)?),
                 None => Rows::All,
             };
             if matches!(&rows, Rows::Set(s) if s.is_empty()) {

@@ -219,11 +219,3 @@ fn metric_blocks_merge_and_expire_like_every_signal() {
             .is_empty()
     );
 }
-
-#[test]
-fn a_block_column_of_series_finds_runs() {
-    let sorted = [0i64, 0, 1, 1, 1, 4, 7, 7];
-    let want: RoaringBitmap = [1u32, 4, 9].into_iter().collect();
-    let rows = crate::block::metrics::rows_of_series(&sorted, &want);
-    assert_eq!(rows.iter().collect::<Vec<_>>(), vec![2, 3, 4, 5]);
-}
