@@ -344,6 +344,31 @@ pub fn encode_chunk_with(array: &ArrayRef, enc: Enc, compression: Compression) -
     Ok(out)
 }
 
+/// Column chunks by column name.
+pub type NamedChunks = Vec<(String, Vec<u8>)>;
+
+/// Encodes the columns of a block that has only fixed (core) columns: each chunk, and its
+/// meta.
+pub fn encode_core_columns(
+    columns: Vec<(&'static str, ArrayRef, Enc)>,
+    compression: Compression,
+) -> Result<(Vec<ColumnMeta>, NamedChunks)> {
+    let mut metas = Vec::with_capacity(columns.len());
+    let mut chunks = Vec::with_capacity(columns.len());
+    for (name, array, enc) in columns {
+        let bytes = encode_chunk_with(&array, enc, compression)?;
+        metas.push(ColumnMeta {
+            name: name.to_owned(),
+            ty: None,
+            kind: ColumnKind::Core,
+            transform: Transform::None,
+            bytes: bytes.len() as u64,
+        });
+        chunks.push((name.to_owned(), bytes));
+    }
+    Ok((metas, chunks))
+}
+
 fn write_parquet_chunk(
     array: &ArrayRef,
     enc: Enc,

@@ -19,9 +19,7 @@ use arrow::array::{
     StringBuilder,
 };
 
-use super::format::{
-    BlockMeta, ColumnKind, ColumnMeta, Compression, Enc, TraceEntry, Transform, encode_chunk_with,
-};
+use super::format::{BlockMeta, Compression, Enc, TraceEntry, encode_core_columns};
 use super::reader::{BlockReader, ChunkSource, Rows};
 use super::writer::{BuiltBlock, Postings, append_blob};
 use crate::codec::{Reader, Writer};
@@ -417,19 +415,7 @@ pub fn build(mut rows: Vec<&LogRecord>, compression: Compression) -> Result<Buil
     }
     let times = rows.iter().map(|l| l.time.0);
     let (min, max) = times.fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
-    let mut metas = Vec::new();
-    let mut chunks = Vec::new();
-    for (name, array, enc) in columns.finish() {
-        let bytes = encode_chunk_with(&array, enc, compression)?;
-        metas.push(ColumnMeta {
-            name: name.to_owned(),
-            ty: None,
-            kind: ColumnKind::Core,
-            transform: Transform::None,
-            bytes: bytes.len() as u64,
-        });
-        chunks.push((name.to_owned(), bytes));
-    }
+    let (metas, chunks) = encode_core_columns(columns.finish(), compression)?;
     Ok(BuiltBlock {
         meta: BlockMeta {
             rows: rows.len() as u32,

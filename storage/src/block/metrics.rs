@@ -20,10 +20,8 @@ use arrow::array::{
     Int64Builder, ListArray, ListBuilder,
 };
 
-use super::format::{
-    BlockMeta, ColumnKind, ColumnMeta, Compression, Enc, Transform, encode_chunk_with,
-};
-use super::reader::{BlockReader, ChunkSource, Rows};
+use super::format::{BlockMeta, Compression, Enc, encode_core_columns};
+use super::reader::{BlockReader, ChunkSource, Rows, downcast};
 use super::writer::BuiltBlock;
 use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
@@ -186,19 +184,7 @@ pub fn build(mut rows: Vec<&MetricPoint>, compression: Compression) -> Result<Bu
     let (min, max) = rows.iter().fold((u64::MAX, 0), |(lo, hi), p| {
         (lo.min(p.time.0), hi.max(p.time.0))
     });
-    let mut metas = Vec::new();
-    let mut chunks = Vec::new();
-    for (name, array, enc) in columns.finish() {
-        let bytes = encode_chunk_with(&array, enc, compression)?;
-        metas.push(ColumnMeta {
-            name: name.to_owned(),
-            ty: None,
-            kind: ColumnKind::Core,
-            transform: Transform::None,
-            bytes: bytes.len() as u64,
-        });
-        chunks.push((name.to_owned(), bytes));
-    }
+    let (metas, chunks) = encode_core_columns(columns.finish(), compression)?;
     Ok(BuiltBlock {
         meta: BlockMeta {
             rows: rows.len() as u32,
@@ -216,29 +202,33 @@ pub fn build(mut rows: Vec<&MetricPoint>, compression: Compression) -> Result<Bu
 /// Whole points of the given rows of a metric block.
 pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<Vec<MetricPoint>> {
     let get = |name: &'static str| reader.required(name, rows);
-    let ints: Vec<ArrayRef> = [col::SERIES, col::TIME, col::START_TIME, col::FLAGS]
-        .into_iter()
-        .map(get)
+    const INTS: [&str; 4] = [col::SERIES, col::TIME, col::START_TIME, col::FLAGS];
+    let ints: Vec<ArrayRef> = INTS.into_iter().map(get).collect::<Result<_>>()?;
+    let ints: Vec<&Int64Array> = ints
+        .iter()
+        .zip(INTS)
+        .map(|(a, name)| downcast(a, name))
         .collect::<Result<_>>()?;
-    let ints: Vec<&Int64Array> = ints.iter().map(downcast).collect::<Result<_>>()?;
     let value = get(col::VALUE)?;
-    let value = downcast::<Float64Array>(&value)?;
+    let value = downcast::<Float64Array>(&value, col::VALUE)?;
     let count = get(col::COUNT)?;
-    let count = downcast::<Int64Array>(&count)?;
-    let floats: Vec<ArrayRef> = [col::SUM, col::MIN, col::MAX]
-        .into_iter()
-        .map(get)
+    let count = downcast::<Int64Array>(&count, col::COUNT)?;
+    const FLOATS: [&str; 3] = [col::SUM, col::MIN, col::MAX];
+    let floats: Vec<ArrayRef> = FLOATS.into_iter().map(get).collect::<Result<_>>()?;
+    let floats: Vec<&Float64Array> = floats
+        .iter()
+        .zip(FLOATS)
+        .map(|(a, name)| downcast(a, name))
         .collect::<Result<_>>()?;
-    let floats: Vec<&Float64Array> = floats.iter().map(downcast).collect::<Result<_>>()?;
     let (bounds, counts) = (get(col::BOUNDS)?, get(col::COUNTS)?);
     let (bounds, counts) = (
-        downcast::<ListArray>(&bounds)?,
-        downcast::<ListArray>(&counts)?,
+        downcast::<ListArray>(&bounds, col::BOUNDS)?,
+        downcast::<ListArray>(&counts, col::COUNTS)?,
     );
     let (detail, exemplars) = (get(col::DETAIL)?, get(col::EXEMPLARS)?);
     let (detail, exemplars) = (
-        downcast::<BinaryArray>(&detail)?,
-        downcast::<BinaryArray>(&exemplars)?,
+        downcast::<BinaryArray>(&detail, col::DETAIL)?,
+        downcast::<BinaryArray>(&exemplars, col::EXEMPLARS)?,
     );
     let float = |a: &Float64Array, i: usize| a.is_valid(i).then(|| a.value(i));
     let mut out = Vec::with_capacity(ints[0].len());
@@ -255,8 +245,8 @@ pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<
                 sum: float(floats[0], i),
                 min: float(floats[1], i),
                 max: float(floats[2], i),
-                bounds: downcast::<Float64Array>(&b)?.values().to_vec(),
-                counts: downcast::<Int64Array>(&c)?
+                bounds: downcast::<Float64Array>(&b, col::BOUNDS)?.values().to_vec(),
+                counts: downcast::<Int64Array>(&c, col::COUNTS)?
                     .values()
                     .iter()
                     .map(|c| *c as u64)
@@ -283,12 +273,6 @@ pub fn read<S: ChunkSource>(reader: &BlockReader<'_, S>, rows: &Rows) -> Result<
     Ok(out)
 }
 
-fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
-    a.as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| StorageError::corrupt("metric block", "column of an unexpected type"))
-}
-
 #[cfg(test)]
 mod size_probe {
     //! Values of GPU gauges, series after series as a block holds them, encoded the ways the
@@ -297,6 +281,7 @@ mod size_probe {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::block::format::encode_chunk_with;
 
     /// Gorilla's XOR encoding (Pelkonen et al. 2015), in bits.
     fn xor_bits(values: &[f64]) -> usize {

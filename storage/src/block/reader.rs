@@ -202,7 +202,7 @@ pub struct BlockReader<'a, S: ChunkSource> {
     mask: std::sync::OnceLock<(RoaringBitmap, BooleanArray)>,
 }
 
-fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
+pub(crate) fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
     a.as_any().downcast_ref::<T>().ok_or_else(|| {
         StorageError::corrupt(
             "column chunk",

@@ -62,13 +62,6 @@ impl SeriesCatalog {
         self.series.get(id as usize)
     }
 
-    /// Every series id.
-    pub fn all(&self) -> RoaringBitmap {
-        let mut out = RoaringBitmap::new();
-        out.insert_range(0..self.series.len() as u32);
-        out
-    }
-
     /// Metric names with their series.
     pub fn names(&self) -> &BTreeMap<String, RoaringBitmap> {
         &self.names
@@ -90,14 +83,6 @@ impl SeriesCatalog {
             .get(key)
             .and_then(|values| values.get(value))
             .cloned()
-            .unwrap_or_default()
-    }
-
-    /// The series having the label at all.
-    pub fn having(&self, key: &str) -> RoaringBitmap {
-        self.labels
-            .get(key)
-            .map(|values| values.values().fold(RoaringBitmap::new(), |a, b| a | b))
             .unwrap_or_default()
     }
 }
@@ -282,19 +267,6 @@ impl Store {
     /// A tenant's series catalog (`None`: the tenant has no series).
     pub fn series_catalog(&self, tenant: &TenantId) -> Option<Arc<RwLock<SeriesCatalog>>> {
         self.series.get(tenant)
-    }
-
-    /// Series held, over every tenant.
-    pub fn series_count(&self) -> usize {
-        let tenants = self
-            .series
-            .tenants
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        tenants
-            .values()
-            .map(|c| c.read().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
     }
 
     /// [`Self::append`] for metric points of registered series (a point of a series at an
