@@ -17,6 +17,7 @@ use axum::routing::get;
 use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
 use serde_json::{Map, Value, json};
+use weft_query::promql::eval::selector_matchers;
 use weft_query::promql::{
     ErrorKind, Labels, PromError, QueryResult, Source, instant_query, range_query,
 };
@@ -401,19 +402,7 @@ fn selectors(params: &Params) -> Result<Vec<Vec<Matcher>>, PromError> {
         .all("match[]")
         .into_iter()
         .map(|m| match promql_parser::parser::parse(m) {
-            Ok(Expr::VectorSelector(vs)) => {
-                let mut out = vs.matchers.matchers.clone();
-                if let Some(name) = vs.name
-                    && !out.iter().any(|m| m.name == "__name__")
-                {
-                    out.push(Matcher::new(
-                        promql_parser::label::MatchOp::Equal,
-                        "__name__",
-                        &name,
-                    ));
-                }
-                Ok(out)
-            }
+            Ok(Expr::VectorSelector(vs)) => Ok(selector_matchers(&vs)),
             Ok(_) => Err(PromError::bad_data(format!(
                 "invalid parameter \"match[]\": {m:?} is not a series selector"
             ))),
@@ -622,18 +611,8 @@ fn selectors_of(e: &Expr) -> Vec<Vec<Matcher>> {
     let mut out = Vec::new();
     fn walk(e: &Expr, out: &mut Vec<Vec<Matcher>>) {
         match e {
-            Expr::VectorSelector(vs) => {
-                let mut m = vs.matchers.matchers.clone();
-                if let Some(name) = &vs.name {
-                    m.push(Matcher::new(
-                        promql_parser::label::MatchOp::Equal,
-                        "__name__",
-                        name,
-                    ));
-                }
-                out.push(m);
-            }
-            Expr::MatrixSelector(ms) => walk(&Expr::VectorSelector(ms.vs.clone()), out),
+            Expr::VectorSelector(vs) => out.push(selector_matchers(vs)),
+            Expr::MatrixSelector(ms) => out.push(selector_matchers(&ms.vs)),
             Expr::Aggregate(a) => walk(&a.expr, out),
             Expr::Unary(u) => walk(&u.expr, out),
             Expr::Binary(b) => {

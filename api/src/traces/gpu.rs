@@ -9,9 +9,11 @@ use std::collections::BTreeSet;
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
-use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::label::Matcher;
+use promql_parser::parser::Expr;
 use serde_json::{Value, json};
 use weft_query::promql::Source;
+use weft_query::promql::eval::selector_matchers;
 use weft_query::promql::names::metric_name;
 use weft_query::promql::source::get as label;
 use weft_query::promql::vocabulary::CANONICAL;
@@ -116,27 +118,44 @@ pub async fn trace_gpu(
         let to = spans.iter().map(|s| s.end.0).max().unwrap_or(0) / 1_000_000;
         let served = served(&spans);
         let source = Source::new(store, tenant);
+        // every canonical metric in one selection, answered in the vocabulary's order
+        let shown: Vec<String> = CANONICAL
+            .iter()
+            .map(|c| metric_name(c.name, c.unit, MetricKind::Gauge, false))
+            .collect();
+        let selector = format!("{{__name__=~\"{}\"}}", shown.join("|"));
+        let Ok(Expr::VectorSelector(vs)) = promql_parser::parser::parse(&selector) else {
+            return Err(ApiError::Internal(format!(
+                "selector {selector} does not parse"
+            )));
+        };
+        let matchers = selector_matchers(&vs);
+        let refs: Vec<&Matcher> = matchers.iter().collect();
+        let mut loaded = source
+            .select(&refs, from as i64 - margin_ms, to as i64 + margin_ms)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let position = |l: &weft_query::promql::Loaded| {
+            let name = label(&l.labels, "__name__").unwrap_or("");
+            shown.iter().position(|s| s == name).unwrap_or(usize::MAX)
+        };
+        loaded.sort_by_key(position);
         let mut series = Vec::new();
-        for canonical in CANONICAL {
-            let shown = metric_name(canonical.name, canonical.unit, MetricKind::Gauge, false);
-            let m = Matcher::new(MatchOp::Equal, "__name__", &shown);
-            let loaded = source
-                .select(&[&m], from as i64 - margin_ms, to as i64 + margin_ms)
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            for l in loaded.into_iter().filter(|l| belongs(&served, &l.labels)) {
-                let labels: serde_json::Map<String, Value> = l
-                    .labels
-                    .iter()
-                    .filter(|(k, _)| k != "__name__")
-                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        for l in loaded.iter().filter(|l| belongs(&served, &l.labels)) {
+            let Some(canonical) = CANONICAL.get(position(l)) else {
+                continue;
+            };
+            let labels: serde_json::Map<String, Value> = l
+                .labels
+                .iter()
+                .filter(|(k, _)| k != "__name__")
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            let points: Vec<Value> =
+                l.ts.iter()
+                    .zip(&l.vs)
+                    .map(|(t, v)| json!([t * 1_000_000, v]))
                     .collect();
-                let points: Vec<Value> =
-                    l.ts.iter()
-                        .zip(&l.vs)
-                        .map(|(t, v)| json!([t * 1_000_000, v]))
-                        .collect();
-                series.push(json!({"metric": canonical.name, "labels": labels, "points": points}));
-            }
+            series.push(json!({"metric": canonical.name, "labels": labels, "points": points}));
         }
         Ok(Some(json!({ "series": series })))
     })

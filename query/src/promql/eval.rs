@@ -67,7 +67,7 @@ fn ms(d: &Duration) -> i64 {
     d.as_millis() as i64
 }
 
-fn offset_ms(o: &Option<Offset>) -> i64 {
+pub(super) fn offset_ms(o: &Option<Offset>) -> i64 {
     match o {
         None => 0,
         Some(Offset::Pos(d)) => ms(d),
@@ -103,11 +103,14 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
         Value::Scalar(v) => QueryResult::Scalar(time, v),
         Value::Str(s) => QueryResult::Str(time, s),
         Value::Vector(samples) => {
+            let mut seen = LabelSet::default();
+            if !samples.iter().all(|s| seen.insert(&s.labels)) {
+                return Err(PromError::execution(SAME_LABELSET));
+            }
             let mut out: Vec<(Labels, i64, f64)> = samples
                 .into_iter()
                 .map(|s| (Arc::unwrap_or_clone(s.labels), time, s.v))
                 .collect();
-            check_unique(out.iter().map(|(l, _, _)| l))?;
             if !keeps_order(&expr) {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
             }
@@ -130,12 +133,12 @@ fn keeps_order(e: &Expr) -> bool {
 /// Label sets seen, by hash (collisions told apart by comparing the sets).
 #[derive(Default)]
 pub(super) struct LabelSet {
-    seen: rustc_hash::FxHashMap<u64, Vec<Labels>>,
+    seen: rustc_hash::FxHashMap<u64, Vec<Arc<Labels>>>,
 }
 
 impl LabelSet {
     /// Whether `l` is new (and remembers it).
-    pub(super) fn insert(&mut self, l: &Labels) -> bool {
+    pub(super) fn insert(&mut self, l: &Arc<Labels>) -> bool {
         let mut h = rustc_hash::FxHasher::default();
         l.hash(&mut h);
         let same = self.seen.entry(h.finish()).or_default();
@@ -147,21 +150,7 @@ impl LabelSet {
     }
 }
 
-fn check_unique<'l>(labels: impl Iterator<Item = &'l Labels>) -> Result<(), PromError> {
-    let mut seen: rustc_hash::FxHashMap<u64, Vec<&Labels>> = Default::default();
-    for l in labels {
-        let mut h = rustc_hash::FxHasher::default();
-        l.hash(&mut h);
-        let same = seen.entry(h.finish()).or_default();
-        if same.contains(&l) {
-            return Err(PromError::execution(
-                "vector cannot contain metrics with the same labelset",
-            ));
-        }
-        same.push(l);
-    }
-    Ok(())
-}
+const SAME_LABELSET: &str = "vector cannot contain metrics with the same labelset";
 
 /// Evaluates `query` at every step from `start` to `end` (ms).
 pub fn range_query(
@@ -236,9 +225,7 @@ impl Evaluator<'_> {
             for s in out {
                 // a series given two values at one step: two samples had its labels
                 if !series.push(s.labels, t, s.v) {
-                    return Err(PromError::execution(
-                        "vector cannot contain metrics with the same labelset",
-                    ));
+                    return Err(PromError::execution(SAME_LABELSET));
                 }
             }
             t += step;
@@ -323,7 +310,8 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn at_time(&self, at: &Option<AtModifier>) -> Option<i64> {
+    /// The time an `@` modifier fixes (`None` without one).
+    pub(super) fn at_time(&self, at: &Option<AtModifier>) -> Option<i64> {
         match at {
             None => None,
             Some(AtModifier::Start) => Some(self.start),
@@ -376,14 +364,8 @@ impl<'a> Evaluator<'a> {
         let matchers = selector_matchers(vs);
         let refs: Vec<&Matcher> = matchers.iter().collect();
         let loaded = self.source.select(&refs, lo - off - back, hi - off)?;
-        // several loads of one selector (inside subqueries) keep the widest
-        let key = key(vs);
-        let wider = self.data.get(&key).is_none_or(|old| {
-            old.iter().map(|l| l.ts.len()).sum::<usize>() <= loaded.iter().map(|l| l.ts.len()).sum()
-        });
-        if wider {
-            self.data.insert(key, Arc::new(loaded));
-        }
+        // each selector node is loaded once, with the widest window any evaluation of it needs
+        self.data.insert(key(vs), Arc::new(loaded));
         Ok(())
     }
 
@@ -441,9 +423,7 @@ impl<'a> Evaluator<'a> {
                     };
                     for s in samples {
                         if !series.push(s.labels, t, s.v) {
-                            return Err(PromError::execution(
-                                "vector cannot contain metrics with the same labelset",
-                            ));
+                            return Err(PromError::execution(SAME_LABELSET));
                         }
                     }
                     t += step;
@@ -850,7 +830,7 @@ impl<'a> Evaluator<'a> {
 }
 
 /// The matchers of a selector, its name among them.
-fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
+pub fn selector_matchers(vs: &VectorSelector) -> Vec<Matcher> {
     let mut out = vs.matchers.matchers.clone();
     if let Some(name) = &vs.name
         && !out.iter().any(|m| m.name == "__name__")

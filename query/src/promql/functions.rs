@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use promql_parser::parser::{Call, Expr};
 
-use super::eval::{Evaluator, Sample, Value, drop_name, mean, quantile, variance};
+use super::eval::{Evaluator, Sample, Value, drop_name, mean, offset_ms, quantile, variance};
 use super::source::{get, insert};
 use super::{Labels, Loaded, PromError};
 
@@ -20,41 +20,18 @@ fn matrix_arg(ev: &Evaluator<'_>, e: &Expr, ts: i64) -> Result<(Vec<Loaded>, i64
             let Value::Matrix(v) = ev.eval(e, ts)? else {
                 unreachable!("a range selector evaluates to a matrix")
             };
-            let at = at_of(ev, &m.vs.at, ts);
-            let end = at - offset_of(&m.vs.offset);
+            let end = ev.at_time(&m.vs.at).unwrap_or(ts) - offset_ms(&m.vs.offset);
             Ok((v, range, end))
         }
         Expr::Subquery(sq) => {
             let range = sq.range.as_millis() as i64;
-            let at = at_of(ev, &sq.at, ts);
+            let end = ev.at_time(&sq.at).unwrap_or(ts) - offset_ms(&sq.offset);
             let Value::Matrix(v) = ev.eval(e, ts)? else {
                 unreachable!("a subquery evaluates to a matrix")
             };
-            Ok((v, range, at - offset_of(&sq.offset)))
+            Ok((v, range, end))
         }
         _ => Err(PromError::bad_data("expected a range vector")),
-    }
-}
-
-fn at_of(ev: &Evaluator<'_>, at: &Option<promql_parser::parser::AtModifier>, ts: i64) -> i64 {
-    use promql_parser::parser::AtModifier;
-    match at {
-        None => ts,
-        Some(AtModifier::Start) => ev.start,
-        Some(AtModifier::End) => ev.end,
-        Some(AtModifier::At(t)) => match t.duration_since(std::time::UNIX_EPOCH) {
-            Ok(d) => d.as_millis() as i64,
-            Err(e) => -(e.duration().as_millis() as i64),
-        },
-    }
-}
-
-fn offset_of(o: &Option<promql_parser::parser::Offset>) -> i64 {
-    use promql_parser::parser::Offset;
-    match o {
-        None => 0,
-        Some(Offset::Pos(d)) => d.as_millis() as i64,
-        Some(Offset::Neg(d)) => -(d.as_millis() as i64),
     }
 }
 
