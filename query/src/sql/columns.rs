@@ -328,7 +328,7 @@ fn batch_keys(batch: &Arc<Vec<SpanRecord>>) -> Arc<Vec<(String, ColumnType)>> {
     keys
 }
 
-fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
+pub(super) fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
@@ -815,4 +815,11 @@ pub fn read_rows(
         out.push(array);
     }
     Ok(out)
+}
+
+/// A stored column as the array type a table expects (`table` names the table for the error).
+pub(super) fn downcast<'a, T: 'static>(a: &'a ArrayRef, table: &str) -> Result<&'a T> {
+    a.as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| DataFusionError::Internal(format!("{table} column of an unexpected type")))
 }

@@ -26,7 +26,9 @@ use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, LogRecord, TenantId};
 use weft_storage::store::{LogScan, Snapshot};
 
-use super::columns::{hex_column, list_type, map_column, map_type, timestamp_type};
+use super::columns::{
+    downcast, hex_column, list_type, map_column, map_type, storage_err, timestamp_type,
+};
 use super::pushdown::{column_of, flip, literal, nanos, text};
 use crate::logs::TextQuery;
 
@@ -349,10 +351,12 @@ fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<
             "severity_number" => cast(a, &DataType::Int32)?,
             // the list's item field as the schema names it, whatever the chunk called it
             "gen_ai.response.finish_reasons" => cast(a, &list_type())?,
-            "trace_id" | "span_id" => hex_column(downcast::<FixedSizeBinaryArray>(a)?),
-            "scope_name" => blob_texts(downcast(a)?, |r| Ok(r.scope()?.name))?,
-            "attributes" => blob_maps(downcast(a)?, |r| r.attrs())?,
-            "resource_attributes" => blob_maps(downcast(a)?, |r| Ok(r.resource()?.attributes))?,
+            "trace_id" | "span_id" => hex_column(downcast::<FixedSizeBinaryArray>(a, "log")?),
+            "scope_name" => blob_texts(downcast(a, "log")?, |r| Ok(r.scope()?.name))?,
+            "attributes" => blob_maps(downcast(a, "log")?, |r| r.attrs())?,
+            "resource_attributes" => {
+                blob_maps(downcast(a, "log")?, |r| Ok(r.resource()?.attributes))?
+            }
             _ => a.clone(),
         });
     }
@@ -362,16 +366,6 @@ fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<
         columns,
         &options,
     )?)
-}
-
-fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
-    a.as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| DataFusionError::Internal("log column of an unexpected type".into()))
-}
-
-fn corrupt(e: weft_storage::StorageError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
 }
 
 /// A text decoded from each blob, each distinct run decoded once (rows of one request share
@@ -385,7 +379,7 @@ fn blob_texts(
     for i in 0..a.len() {
         let bytes = a.value(i);
         if last.as_ref().is_none_or(|(l, _)| *l != bytes) {
-            last = Some((bytes, read(&mut Reader::new(bytes)).map_err(corrupt)?));
+            last = Some((bytes, read(&mut Reader::new(bytes)).map_err(storage_err)?));
         }
         b.append_value(&last.as_ref().expect("set above").1);
     }
@@ -403,6 +397,6 @@ fn blob_maps(
             false => Ok(Vec::new()),
         })
         .collect::<weft_storage::Result<Vec<_>>>()
-        .map_err(corrupt)?;
+        .map_err(storage_err)?;
     map_column(rows.iter().map(Vec::as_slice))
 }

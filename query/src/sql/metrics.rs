@@ -32,7 +32,7 @@ use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, MetricPoint, PointValue, Series, TenantId, Value};
 use weft_storage::store::{MetricScan, SeriesCatalog, Snapshot};
 
-use super::columns::{map_column, map_type, timestamp_type};
+use super::columns::{downcast, map_column, map_type, storage_err, timestamp_type};
 use super::pushdown::{column_of, flip, literal, nanos, or_equalities, text};
 
 /// The fixed columns, each with its type and nullability.
@@ -406,24 +406,24 @@ impl MetricsTable {
             series.push(last.as_ref().expect("set above").1.clone());
         }
         let details = || -> Result<Vec<Option<PointValue>>> {
-            let a = downcast::<BinaryArray>(get(col::DETAIL)?)?;
+            let a = downcast::<BinaryArray>(get(col::DETAIL)?, "metric")?;
             (0..n)
                 .map(|i| {
                     a.is_valid(i)
                         .then(|| Reader::new(a.value(i)).point_value())
                         .transpose()
-                        .map_err(corrupt)
+                        .map_err(storage_err)
                 })
                 .collect()
         };
         let first_exemplars = || -> Result<Vec<Option<weft_storage::model::Exemplar>>> {
-            let a = downcast::<BinaryArray>(get(col::EXEMPLARS)?)?;
+            let a = downcast::<BinaryArray>(get(col::EXEMPLARS)?, "metric")?;
             (0..n)
                 .map(|i| {
                     Ok(match a.is_valid(i) {
                         true => Reader::new(a.value(i))
                             .exemplars()
-                            .map_err(corrupt)?
+                            .map_err(storage_err)?
                             .into_iter()
                             .next(),
                         false => None,
@@ -470,14 +470,14 @@ impl MetricsTable {
                 ("flags", _) => get(col::FLAGS)?.clone(),
                 ("bucket_bounds", _) => {
                     let stored = cast(get(col::BOUNDS)?, &floats_type())?;
-                    let stored = downcast::<ListArray>(&stored)?;
+                    let stored = downcast::<ListArray>(&stored, "metric")?;
                     let details = details()?;
                     let mut b = ListBuilder::new(Float64Builder::new());
                     for (i, d) in details.iter().enumerate() {
                         if stored.is_valid(i) {
                             let v = stored.value(i);
                             b.values()
-                                .append_slice(downcast::<Float64Array>(&v)?.values());
+                                .append_slice(downcast::<Float64Array>(&v, "metric")?.values());
                             b.append(true);
                         } else if let Some((bounds, _)) = d.as_ref().and_then(PointValue::buckets) {
                             b.values().append_slice(&bounds);
@@ -490,14 +490,14 @@ impl MetricsTable {
                 }
                 ("bucket_counts", _) => {
                     let stored = cast(get(col::COUNTS)?, &ints_type())?;
-                    let stored = downcast::<ListArray>(&stored)?;
+                    let stored = downcast::<ListArray>(&stored, "metric")?;
                     let details = details()?;
                     let mut b = ListBuilder::new(Int64Builder::new());
                     for (i, d) in details.iter().enumerate() {
                         if stored.is_valid(i) {
                             let v = stored.value(i);
                             b.values()
-                                .append_slice(downcast::<Int64Array>(&v)?.values());
+                                .append_slice(downcast::<Int64Array>(&v, "metric")?.values());
                             b.append(true);
                         } else if let Some((_, counts)) = d.as_ref().and_then(PointValue::buckets) {
                             counts
@@ -576,14 +576,4 @@ impl MetricsTable {
             &options,
         )?)
     }
-}
-
-fn downcast<T: 'static>(a: &ArrayRef) -> Result<&T> {
-    a.as_any()
-        .downcast_ref::<T>()
-        .ok_or_else(|| DataFusionError::Internal("metric column of an unexpected type".into()))
-}
-
-fn corrupt(e: weft_storage::StorageError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
 }
