@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, Exemplar as OtlpExemplar, ExponentialHistogramDataPoint,
-    HistogramDataPoint, Metric, NumberDataPoint, SummaryDataPoint, exemplar, metric,
+    AggregationTemporality, Exemplar as OtlpExemplar, ExponentialHistogramDataPoint, Gauge,
+    HistogramDataPoint, Metric, NumberDataPoint, Sum, SummaryDataPoint, exemplar, metric,
     number_data_point,
 };
 use weft_storage::model::{
@@ -156,6 +156,22 @@ impl Builder {
         self.index.insert(identity, i);
         i
     }
+}
+
+/// The fields every OTLP data point type has (a summary point has no exemplars).
+macro_rules! common {
+    ($p:ident) => {
+        common!($p, $p.exemplars)
+    };
+    ($p:ident, $exemplars:expr) => {
+        Common {
+            attributes: $p.attributes,
+            start: $p.start_time_unix_nano,
+            time: $p.time_unix_nano,
+            flags: $p.flags,
+            exemplars: $exemplars,
+        }
+    };
 }
 
 /// A point's common fields, checked.
@@ -482,68 +498,32 @@ fn metric_points(
         }
     };
     match m.data {
-        Some(metric::Data::Gauge(metric_data)) => {
-            for (i, p) in metric_data.data_points.into_iter().enumerate() {
+        Some(metric::Data::Gauge(Gauge { data_points }))
+        | Some(metric::Data::Sum(Sum { data_points, .. })) => {
+            for (i, p) in data_points.into_iter().enumerate() {
                 let v = number(&p);
-                push(b, i, number_common(p), v);
-            }
-        }
-        Some(metric::Data::Sum(metric_data)) => {
-            for (i, p) in metric_data.data_points.into_iter().enumerate() {
-                let v = number(&p);
-                push(b, i, number_common(p), v);
+                push(b, i, common!(p), v);
             }
         }
         Some(metric::Data::Histogram(h)) => {
             for (i, p) in h.data_points.into_iter().enumerate() {
                 let v = histogram(&p);
-                let c = Common {
-                    attributes: p.attributes,
-                    start: p.start_time_unix_nano,
-                    time: p.time_unix_nano,
-                    flags: p.flags,
-                    exemplars: p.exemplars,
-                };
-                push(b, i, c, v);
+                push(b, i, common!(p), v);
             }
         }
         Some(metric::Data::ExponentialHistogram(h)) => {
             for (i, p) in h.data_points.into_iter().enumerate() {
                 let v = exponential(&p);
-                let c = Common {
-                    attributes: p.attributes,
-                    start: p.start_time_unix_nano,
-                    time: p.time_unix_nano,
-                    flags: p.flags,
-                    exemplars: p.exemplars,
-                };
-                push(b, i, c, v);
+                push(b, i, common!(p), v);
             }
         }
         Some(metric::Data::Summary(s)) => {
             for (i, p) in s.data_points.into_iter().enumerate() {
                 let v = summary(&p);
-                let c = Common {
-                    attributes: p.attributes,
-                    start: p.start_time_unix_nano,
-                    time: p.time_unix_nano,
-                    flags: p.flags,
-                    exemplars: Vec::new(),
-                };
-                push(b, i, c, v);
+                push(b, i, common!(p, Vec::new()), v);
             }
         }
         None => {}
-    }
-}
-
-fn number_common(p: NumberDataPoint) -> Common {
-    Common {
-        attributes: p.attributes,
-        start: p.start_time_unix_nano,
-        time: p.time_unix_nano,
-        flags: p.flags,
-        exemplars: p.exemplars,
     }
 }
 
