@@ -14,10 +14,6 @@ use weft_storage::model::TenantId;
 
 use crate::state::SharedState;
 
-fn now_ns() -> u64 {
-    crate::time::now()
-}
-
 /// Samples every `every` and stores the points (and XID records) through the ingester, until
 /// `stop` turns true.
 pub async fn run_local(
@@ -55,7 +51,7 @@ pub async fn collect_local(
     .await?;
     let samples = samples?;
     let tenant = TenantId::default_tenant();
-    let req = metrics_request(&samples, host, now_ns());
+    let req = metrics_request(&samples, host, crate::time::now());
     let len = req.encoded_len();
     let stored = state
         .ingester
@@ -84,7 +80,7 @@ pub async fn agent(
     loop {
         tick.tick().await;
         let batch = gpus.sample()?;
-        let body = metrics_request(&batch, &host, now_ns()).encode_to_vec();
+        let body = metrics_request(&batch, &host, crate::time::now()).encode_to_vec();
         if let Err(e) = post(target, "/v1/metrics", tenant, &body).await {
             tracing::warn!(error = %e, target, "GPU sample not sent; sampling goes on");
         }

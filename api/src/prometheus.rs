@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -92,6 +92,18 @@ impl IntoResponse for Answer {
 
 /// The parameters of a request: the query string and, for a form POST, the body.
 struct Params(Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequest<S> for Params {
+    type Rejection = Answer;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Answer> {
+        let query = req.uri().query().map(str::to_owned);
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| Answer(Err(PromError::bad_data(e.to_string()))))?;
+        Params::of(query, &body).map_err(|e| Answer(Err(e)))
+    }
+}
 
 impl Params {
     fn of(query: Option<String>, body: &[u8]) -> Result<Self, PromError> {
@@ -336,16 +348,7 @@ async fn run_data(
     Answer(result.unwrap_or_else(|e| Err(PromError::internal(e.to_string()))))
 }
 
-async fn query(
-    State(state): State<SharedState>,
-    Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Answer {
-    let params = match Params::of(q, &body) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
+async fn query(State(state): State<SharedState>, Tenant(tenant): Tenant, params: Params) -> Answer {
     let Some(expr) = params.get("query").map(str::to_owned) else {
         return Answer(Err(PromError::bad_data(
             "invalid parameter \"query\": query is empty",
@@ -364,11 +367,9 @@ async fn query(
 async fn query_range(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
-    body: Bytes,
+    params: Params,
 ) -> Answer {
     let parsed = (|| {
-        let params = Params::of(q, &body)?;
         let expr = params
             .get("query")
             .ok_or_else(|| PromError::bad_data("invalid parameter \"query\": query is empty"))?
@@ -448,13 +449,8 @@ fn limit(params: &Params) -> Result<Option<usize>, PromError> {
 async fn labels(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
-    body: Bytes,
+    params: Params,
 ) -> Answer {
-    let params = match Params::of(q, &body) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
     run(state, tenant, move |s| {
         let names: BTreeSet<String> = label_sets(s, &params)?
             .into_iter()
@@ -473,12 +469,8 @@ async fn label_values(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
     Path(name): Path<String>,
-    RawQuery(q): RawQuery,
+    params: Params,
 ) -> Answer {
-    let params = match Params::of(q, &[]) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
     // Prometheus 3 escapes a UTF-8 label name in the path as `U__` + hex escapes
     let name = unescape_label(&name);
     run(state, tenant, move |s| {
@@ -519,13 +511,8 @@ fn unescape_label(name: &str) -> String {
 async fn series(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
-    body: Bytes,
+    params: Params,
 ) -> Answer {
-    let params = match Params::of(q, &body) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
     if params.all("match[]").is_empty() {
         return Answer(Err(PromError::bad_data("no match[] parameter provided")));
     }
@@ -542,12 +529,8 @@ async fn series(
 async fn metadata(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
+    params: Params,
 ) -> Answer {
-    let params = match Params::of(q, &[]) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
     run(state, tenant, move |s| {
         let wanted = params.get("metric").map(str::to_owned);
         let mut out: BTreeMap<String, Value> = BTreeMap::new();
@@ -571,13 +554,8 @@ async fn metadata(
 async fn exemplars(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
-    RawQuery(q): RawQuery,
-    body: Bytes,
+    params: Params,
 ) -> Answer {
-    let params = match Params::of(q, &body) {
-        Ok(p) => p,
-        Err(e) => return Answer(Err(e)),
-    };
     run(state, tenant, move |s| {
         let query = params
             .get("query")

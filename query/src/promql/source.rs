@@ -191,6 +191,19 @@ impl Source {
         out
     }
 
+    /// Whole points of some series in `[from, to]` (ms).
+    fn points(
+        &self,
+        from: i64,
+        to: i64,
+        series: &RoaringBitmap,
+    ) -> Result<Vec<MetricPoint>, PromError> {
+        let (from_ns, to_ns) = nanos(from, to);
+        self.store
+            .metric_points(&self.tenant, &self.snapshot, from_ns, to_ns, Some(series))
+            .map_err(internal)
+    }
+
     /// Every shown series the matchers choose, with its samples in `[from, to]` (ms).
     pub fn select(
         &self,
@@ -298,7 +311,7 @@ impl Source {
                     // names were checked on the candidates (shown or OTLP name)
                     let ok = matchers.iter().filter(|m| m.name != "__name__").all(|m| {
                         let value = get(&loaded.labels, &m.name)
-                            .or_else(|| original_label(&series, &m.name))
+                            .or_else(|| series.label(&m.name))
                             .unwrap_or("");
                         m.is_match(value)
                     });
@@ -357,16 +370,7 @@ impl Source {
             }
         }
         if !detailed.is_empty() {
-            let points = self
-                .store
-                .metric_points(
-                    &self.tenant,
-                    &self.snapshot,
-                    Some(from.max(0) as u64 * 1_000_000),
-                    Some(to.max(0) as u64 * 1_000_000 + 999_999),
-                    Some(&detailed),
-                )
-                .map_err(|e| PromError::internal(e.to_string()))?;
+            let points = self.points(from, to, &detailed)?;
             let c = self.catalog.read().unwrap_or_else(|e| e.into_inner());
             for id in detailed.iter() {
                 let Some(series) = c.get(id) else { continue };
@@ -432,16 +436,7 @@ impl Source {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let points = self
-            .store
-            .metric_points(
-                &self.tenant,
-                &self.snapshot,
-                Some(from.max(0) as u64 * 1_000_000),
-                Some(to.max(0) as u64 * 1_000_000 + 999_999),
-                Some(&ids),
-            )
-            .map_err(|e| PromError::internal(e.to_string()))?;
+        let points = self.points(from, to, &ids)?;
         let mut out = Vec::new();
         for (id, series, chosen, _) in candidates {
             let mut found = Vec::new();
@@ -495,8 +490,16 @@ pub fn shown_labels(series: &Series) -> Labels {
     out
 }
 
-fn original_label<'s>(series: &'s Series, name: &str) -> Option<&'s str> {
-    series.label(name)
+/// A millisecond range as the store's inclusive nanosecond bounds.
+fn nanos(from: i64, to: i64) -> (Option<u64>, Option<u64>) {
+    (
+        Some(from.max(0) as u64 * 1_000_000),
+        Some(to.max(0) as u64 * 1_000_000 + 999_999),
+    )
+}
+
+fn internal(e: weft_storage::StorageError) -> PromError {
+    PromError::internal(e.to_string())
 }
 
 pub fn get<'l>(labels: &'l Labels, name: &str) -> Option<&'l str> {
