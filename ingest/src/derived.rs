@@ -119,10 +119,16 @@ struct Side {
 #[derive(Debug, Default)]
 struct TenantMetrics {
     series: HashMap<Vec<u8>, Derived>,
+    /// The keys of the span-metrics series (calls, latency) of each service, span name, kind
+    /// and status seen: a span finds its two series without building their labels again.
+    span_series: HashMap<String, HashMap<String, SpanSeries>>,
     /// Client sides by (trace, span id); server sides by (trace, parent span id).
     clients: HashMap<(TraceId, SpanId), Side>,
     servers: HashMap<(TraceId, SpanId), Side>,
 }
+
+/// The calls and latency series keys of a service's span name, by kind and status.
+type SpanSeries = Vec<(SpanKind, StatusCode, Vec<u8>, Vec<u8>)>;
 
 /// Derived metrics of every tenant, accumulated between flushes.
 #[derive(Debug)]
@@ -224,6 +230,28 @@ impl SpanMetrics {
     }
 }
 
+fn counter_series(name: &str, labels: Vec<(String, String)>) -> Series {
+    Series {
+        name: name.to_owned(),
+        kind: MetricKind::Sum,
+        temporality: Temporality::Cumulative,
+        monotonic: true,
+        labels,
+        ..Default::default()
+    }
+}
+
+fn histogram_series(name: &str, unit: &str, labels: Vec<(String, String)>) -> Series {
+    Series {
+        name: name.to_owned(),
+        kind: MetricKind::Histogram,
+        unit: unit.to_owned(),
+        temporality: Temporality::Cumulative,
+        labels,
+        ..Default::default()
+    }
+}
+
 /// The spans of one request by (trace, span id).
 type ById<'a> = HashMap<(TraceId, SpanId), &'a SpanRecord>;
 
@@ -278,14 +306,7 @@ impl TenantMetrics {
     }
 
     fn count(&mut self, name: &str, labels: Vec<(String, String)>, by: f64) {
-        let series = Series {
-            name: name.to_owned(),
-            kind: MetricKind::Sum,
-            temporality: Temporality::Cumulative,
-            monotonic: true,
-            labels,
-            ..Default::default()
-        };
+        let series = counter_series(name, labels);
         if let State::Counter(c) = &mut self.entry(series, || State::Counter(0.0)).state {
             *c += by;
         }
@@ -303,14 +324,7 @@ impl TenantMetrics {
         if !v.is_finite() || v < 0.0 {
             return;
         }
-        let series = Series {
-            name: name.to_owned(),
-            kind: MetricKind::Histogram,
-            unit: unit.to_owned(),
-            temporality: Temporality::Cumulative,
-            labels,
-            ..Default::default()
-        };
+        let series = histogram_series(name, unit, labels);
         let d = self.entry(series, || State::Histogram(Histogram::new(bounds)));
         if let State::Histogram(h) = &mut d.state {
             h.observe(v, span);
@@ -318,15 +332,43 @@ impl TenantMetrics {
     }
 
     fn span_metrics(&mut self, s: &SpanRecord) {
+        let seconds = s.duration_ns() as f64 / 1e9;
+        let known = self
+            .span_series
+            .get(s.service_name())
+            .and_then(|names| names.get(&s.name))
+            .and_then(|keys| {
+                keys.iter()
+                    .find(|(kind, status, _, _)| *kind == s.kind && *status == s.status_code)
+            });
+        if let Some((_, _, calls, latency)) = known {
+            if let Some(d) = self.series.get_mut(calls) {
+                d.dirty = true;
+                if let State::Counter(c) = &mut d.state {
+                    *c += 1.0;
+                }
+            }
+            if let Some(d) = self.series.get_mut(latency)
+                && seconds.is_finite()
+                && seconds >= 0.0
+            {
+                d.dirty = true;
+                if let State::Histogram(h) = &mut d.state {
+                    h.observe(seconds, s);
+                }
+            }
+            return;
+        }
         let labels = sorted(vec![
             ("service".into(), s.service_name().to_owned()),
             ("span_name".into(), s.name.clone()),
             ("span_kind".into(), kind_label(s.kind).to_owned()),
             ("status_code".into(), status_label(s.status_code).to_owned()),
         ]);
-        self.count("traces_spanmetrics_calls", labels.clone(), 1.0);
-        let seconds = s.duration_ns() as f64 / 1e9;
+        let calls = counter_series("traces_spanmetrics_calls", labels.clone()).identity();
         // no unit: Tempo's names carry none (`traces_spanmetrics_latency_bucket`)
+        let latency = histogram_series("traces_spanmetrics_latency", "", labels.clone()).identity();
+        self.count("traces_spanmetrics_calls", labels.clone(), 1.0);
         self.observe(
             "traces_spanmetrics_latency",
             "",
@@ -335,6 +377,12 @@ impl TenantMetrics {
             seconds,
             s,
         );
+        self.span_series
+            .entry(s.service_name().to_owned())
+            .or_default()
+            .entry(s.name.clone())
+            .or_default()
+            .push((s.kind, s.status_code, calls, latency));
     }
 
     fn service_graph(&mut self, s: &SpanRecord, now: Instant) {
