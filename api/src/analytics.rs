@@ -1,14 +1,22 @@
-//! The native analytics API on the query port. For now the context-leak scan:
-//! `GET /api/v1/leaks?start=&end=` → `{"findings": [{"kind", "service", "carrier", "count",
-//! "example_trace_ids", "risk"}]}`, ranked by risk (the SQL table function `leaks(start, end)`
-//! gives the same rows).
+//! The native analytics API on the query port, one route per capability of
+//! `weft_query::analytics` (the same parameters as its SQL table function):
+//!
+//! - `GET /api/v1/lineage/operations[?level=service]`, `/lineage/request`, `/lineage/dimensions`;
+//! - `GET /api/v1/heatmap`, `/percentiles`, `/anomalies`, `/drift`, `/saturation`;
+//! - `GET /api/v1/leaks?start=&end=` → `{"findings": [{"kind", "service", "carrier", "count",
+//!   "example_trace_ids", "risk"}]}`, ranked by risk (the SQL table function `leaks(start, end)`
+//!   gives the same rows).
+//!
+//! A parameter the capability does not know, or a value it cannot read, is a 400 naming it.
 
 use axum::Json;
 use axum::Router;
 use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
-use weft_query::analytics::leaks;
+use weft_query::analytics::{AnalyticsError, answer, leaks};
 
 use crate::error::ApiError;
 use crate::state::{SharedState, Tenant, blocking};
@@ -16,7 +24,58 @@ use crate::time::parse_time;
 use crate::traces::search::form_pairs;
 
 pub fn router() -> Router<SharedState> {
-    Router::new().route("/api/v1/leaks", get(leak_scan))
+    Router::new()
+        .route("/api/v1/leaks", get(leak_scan))
+        .route(
+            "/api/v1/lineage/operations",
+            get(|s, t, q| capability("lineage_operations", s, t, q)),
+        )
+        .route(
+            "/api/v1/lineage/request",
+            get(|s, t, q| capability("lineage_request", s, t, q)),
+        )
+        .route(
+            "/api/v1/lineage/dimensions",
+            get(|s, t, q| capability("lineage_dimensions", s, t, q)),
+        )
+        .route(
+            "/api/v1/heatmap",
+            get(|s, t, q| capability("heatmap", s, t, q)),
+        )
+        .route(
+            "/api/v1/percentiles",
+            get(|s, t, q| capability("percentiles", s, t, q)),
+        )
+        .route(
+            "/api/v1/anomalies",
+            get(|s, t, q| capability("anomalies", s, t, q)),
+        )
+        .route("/api/v1/drift", get(|s, t, q| capability("drift", s, t, q)))
+        .route(
+            "/api/v1/saturation",
+            get(|s, t, q| capability("saturation", s, t, q)),
+        )
+}
+
+async fn capability(
+    name: &'static str,
+    State(state): State<SharedState>,
+    Tenant(tenant): Tenant,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let pairs = match form_pairs(query.as_deref().unwrap_or("")) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    match answer(&state.sql, &tenant, name, pairs).await {
+        Ok(a) => Json(a.to_json()).into_response(),
+        Err(AnalyticsError::Invalid(m)) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": m, "kind": "Invalid"})),
+        )
+            .into_response(),
+        Err(AnalyticsError::Sql(e)) => crate::sql::http::error_response(&e),
+    }
 }
 
 async fn leak_scan(

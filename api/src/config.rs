@@ -162,6 +162,9 @@ struct FileConfig {
     sql_memory_limit: Option<usize>,
     sql_timeout: Option<String>,
     sql_plan_cache: Option<usize>,
+    /// Context windows by model (name or prefix): `[context_windows]`.
+    #[serde(default)]
+    context_windows: BTreeMap<String, u64>,
     log: Option<String>,
 }
 
@@ -364,6 +367,7 @@ impl Config {
                 .sql_plan_cache
                 .or(file.sql_plan_cache)
                 .unwrap_or(sql_default.plan_cache),
+            context_windows: file.context_windows.clone(),
             ..sql_default
         };
         if sql.timeout.is_zero() {

@@ -89,9 +89,11 @@ pub mod anomaly {
     pub const SLOW_VERSION: &str = "llama-3.1-70b-2025-09";
     pub const SLOW_ADAPTER: &str = "sql-gen-v1";
     pub const SLOW_FACTOR: f64 = 4.0;
-    /// This worker's time to first token jumps 6x in the third quarter.
+    /// This worker's time to first token about quadruples in the third quarter (its queue
+    /// time 6x, its prefill 4x: a worker whose KV cache is full).
     pub const SLOW_WORKER: &str = "worker-3";
     pub const TTFT_FACTOR: f64 = 6.0;
+    pub const PREFILL_FACTOR: f64 = 4.0;
 }
 
 /// One generated request: its spans with the service that emits each.
@@ -150,6 +152,13 @@ impl Generator {
 
     pub fn config(&self) -> &GenConfig {
         &self.cfg
+    }
+
+    /// Quarter `q` (0 to 3) of the run in data time, Unix ns: the injected anomalies' windows
+    /// (requests arriving in it).
+    pub fn quarter_ns(&self, q: u32) -> (u64, u64) {
+        let at = |f: f64| self.cfg.start_ns + (f * self.horizon_s * 1e9) as u64;
+        (at(f64::from(q) * 0.25), at(f64::from(q + 1) * 0.25))
     }
 
     fn id<const N: usize>(&mut self) -> [u8; N] {
@@ -272,7 +281,14 @@ impl Generator {
         t += ret_dur + self.ms(0.1, 0.5);
 
         // generation
-        let prefill_ns = (input_tokens as f64 * self.rng.random_range(0.05..0.12) * 1e6) as u64;
+        let prefill_ns = (input_tokens as f64
+            * self.rng.random_range(0.05..0.12)
+            * 1e6
+            * if slow_ttft {
+                anomaly::PREFILL_FACTOR
+            } else {
+                1.0
+            }) as u64;
         let tokens_done = if failed {
             output_tokens / 3
         } else {

@@ -19,6 +19,7 @@ pub mod logs;
 pub mod promql;
 pub mod search;
 pub mod sql;
+pub mod time;
 
 pub use error::QueryError;
 pub use search::{SearchPage, SearchRequest, TraceSummary, search};

@@ -56,7 +56,7 @@ pub fn error_json(e: &SqlError) -> serde_json::Value {
     v
 }
 
-fn error_response(e: &SqlError) -> Response {
+pub(crate) fn error_response(e: &SqlError) -> Response {
     if e.kind == SqlErrorKind::Internal {
         tracing::error!(error = %e.message, "query failed");
     }

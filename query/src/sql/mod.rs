@@ -55,6 +55,9 @@ pub struct SqlConfig {
     pub pushdown: bool,
     /// Optimised plans kept for queries sent again with the same text (0 keeps none).
     pub plan_cache: usize,
+    /// Context windows (tokens) by model name or name prefix, for the saturation analytics
+    /// (over the built-in defaults of common models).
+    pub context_windows: std::collections::BTreeMap<String, u64>,
 }
 
 impl Default for SqlConfig {
@@ -65,6 +68,7 @@ impl Default for SqlConfig {
             target_partitions: std::thread::available_parallelism().map_or(2, |n| n.get()),
             pushdown: true,
             plan_cache: 512,
+            context_windows: Default::default(),
         }
     }
 }
@@ -346,6 +350,7 @@ impl SqlEngine {
                 tenant: tenant.clone(),
             }),
         );
+        crate::analytics::functions::register(&ctx, self, tenant);
         Ok(Session {
             ctx,
             runtime,
@@ -405,6 +410,7 @@ impl Session {
     pub async fn plan(&self, mut statement: Statement) -> Result<LogicalPlan, SqlError> {
         check_statement(&statement)?;
         pg_catalog::rewrite(&mut statement, &self.tables);
+        crate::analytics::functions::rewrite_named_args(&mut statement);
         let plan = self
             .ctx
             .state()

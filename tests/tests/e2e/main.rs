@@ -1,5 +1,6 @@
 //! End-to-end tests: the real `weft` binary, real OTLP clients, real HTTP reads.
 
+mod analytics;
 mod common;
 mod crash;
 mod gpu;

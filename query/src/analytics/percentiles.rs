@@ -1,0 +1,226 @@
+//! Percentiles of a signal over time, by any dimensions: `GET /api/v1/percentiles?signal=ttft&
+//! by=llm.model_version&step=60s&q=0.5,0.99` and `percentiles(signal => 'ttft', …)`.
+//!
+//! By default from sketches ([`super::sketch`]): SQL counts the values of each (step, group)
+//! in their sketch bins, so only bins leave the scan, and every quantile is within the stated
+//! relative error. `exact=true` asks SQL for the exact `percentile_cont` instead.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::exec::{Run, steps};
+use super::params::{Params, Result, dim_expr, invalid};
+use super::signals::span_signal;
+use super::sketch::{RELATIVE_ERROR, Sketch, bin_sql};
+
+pub const PARAMS: &[&str] = &["signal", "by", "step", "q", "exact"];
+
+/// One labelled series of quantiles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    /// (step start ns, the value of each asked quantile, in the order asked).
+    pub points: Vec<(i64, Vec<f64>)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Percentiles {
+    pub signal: String,
+    pub unit: &'static str,
+    pub quantiles: Vec<f64>,
+    /// `None` when exact.
+    pub relative_error: Option<f64>,
+    pub series: Vec<Series>,
+    pub partial: bool,
+}
+
+fn quantiles(p: &Params) -> Result<Vec<f64>> {
+    let Some(list) = p.list("q") else {
+        return Ok(vec![0.5, 0.9, 0.95, 0.99]);
+    };
+    let qs = list
+        .iter()
+        .map(|q| {
+            q.parse::<f64>()
+                .ok()
+                .filter(|q| (0.0..=1.0).contains(q))
+                .ok_or_else(|| invalid(format!("q: {q:?} is not a quantile between 0 and 1")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if qs.is_empty() {
+        return Err(invalid("q: no quantile given"));
+    }
+    Ok(qs)
+}
+
+/// The dimensions of `by` (empty when not given).
+pub fn by_dims(p: &Params) -> Vec<String> {
+    p.list("by").unwrap_or_default()
+}
+
+/// The step: `step`, else the range in about 60 steps, else a minute.
+pub fn step_of(p: &Params) -> Result<std::time::Duration> {
+    Ok(match p.duration("step")? {
+        Some(s) => s,
+        None => match (p.start, p.end) {
+            (Some(s), Some(e)) => {
+                std::time::Duration::from_millis(((e - s) / 60 / 1_000_000).max(1000))
+            }
+            _ => std::time::Duration::from_secs(60),
+        },
+    })
+}
+
+pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles> {
+    let signal = span_signal(p.get("signal").unwrap_or("e2e"))?;
+    let qs = quantiles(&p)?;
+    let exact = p.flag("exact")?;
+    let dims = by_dims(&p);
+    let step = step_of(&p)?;
+    if let (Some(s), Some(e)) = (p.start, p.end) {
+        steps(s, e, step, "step")?;
+    }
+    run.fit_rows(&mut p, "spans").await?;
+    let filter = p.where_clause(&[format!("({})", signal.condition)])?;
+    let groups: String = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!(", {} AS g{i}", dim_expr(d)))
+        .collect();
+    let keys: String = (0..dims.len()).map(|i| format!(", g{i}")).collect();
+    let inner = format!(
+        "SELECT CAST(date_bin(INTERVAL '{} milliseconds', start_time) AS BIGINT) AS t{groups}, {} AS v FROM spans {filter}",
+        step.as_millis(),
+        signal.value
+    );
+    let query = if exact {
+        let pcts: String = qs
+            .iter()
+            .map(|q| format!(", percentile_cont(v, {q:?})"))
+            .collect();
+        format!(
+            "SELECT t{keys}{pcts} FROM ({inner}) WHERE v IS NOT NULL GROUP BY t{keys} ORDER BY t"
+        )
+    } else {
+        format!(
+            "SELECT t{keys}, {} AS k, count(*) FROM ({inner}) WHERE v IS NOT NULL GROUP BY t{keys}, k",
+            bin_sql("v")
+        )
+    };
+    let rows = match run.sql_or_partial(&query).await? {
+        Some(r) => r,
+        None => {
+            return Ok(Percentiles {
+                signal: signal.name,
+                unit: signal.unit,
+                quantiles: qs,
+                relative_error: (!exact).then_some(RELATIVE_ERROR),
+                series: Vec::new(),
+                partial: true,
+            });
+        }
+    };
+    let t = rows.i64(0);
+    let labels: Vec<Vec<Option<String>>> = (0..dims.len()).map(|i| rows.strings(1 + i)).collect();
+    let label_of = |row: usize| -> BTreeMap<String, String> {
+        dims.iter()
+            .zip(&labels)
+            .filter_map(|(d, col)| col[row].clone().map(|v| (d.clone(), v)))
+            .collect()
+    };
+    let mut by_labels: BTreeMap<BTreeMap<String, String>, BTreeMap<i64, Vec<f64>>> =
+        BTreeMap::new();
+    if exact {
+        let values: Vec<Vec<Option<f64>>> = (0..qs.len())
+            .map(|i| rows.f64(1 + dims.len() + i))
+            .collect();
+        for row in 0..rows.len() {
+            let vals = values.iter().map(|c| c[row].unwrap_or(f64::NAN)).collect();
+            by_labels
+                .entry(label_of(row))
+                .or_default()
+                .insert(t[row].unwrap_or(0), vals);
+        }
+    } else {
+        let (k, n) = (rows.i64(1 + dims.len()), rows.i64(2 + dims.len()));
+        let mut sketches: BTreeMap<BTreeMap<String, String>, BTreeMap<i64, Sketch>> =
+            BTreeMap::new();
+        for row in 0..rows.len() {
+            sketches
+                .entry(label_of(row))
+                .or_default()
+                .entry(t[row].unwrap_or(0))
+                .or_default()
+                .add(k[row].unwrap_or(0), n[row].unwrap_or(0) as u64);
+        }
+        for (labels, points) in sketches {
+            let series = by_labels.entry(labels).or_default();
+            for (t, s) in points {
+                let vals = qs
+                    .iter()
+                    .map(|q| s.quantile(*q).unwrap_or(f64::NAN))
+                    .collect();
+                series.insert(t, vals);
+            }
+        }
+    }
+    Ok(Percentiles {
+        signal: signal.name,
+        unit: signal.unit,
+        quantiles: qs,
+        relative_error: (!exact).then_some(RELATIVE_ERROR),
+        series: by_labels
+            .into_iter()
+            .map(|(labels, points)| Series {
+                labels,
+                points: points.into_iter().collect(),
+            })
+            .collect(),
+        partial: run.partial,
+    })
+}
+
+/// A quantile as the answers name it (`0.5`, `0.99`).
+pub fn quantile_name(q: f64) -> String {
+    let s = format!("{q}");
+    if s.contains('.') { s } else { format!("{s}.0") }
+}
+
+impl Percentiles {
+    pub fn to_json(&self) -> Value {
+        let series: Vec<Value> = self
+            .series
+            .iter()
+            .map(|s| {
+                let points: Vec<Value> = s
+                    .points
+                    .iter()
+                    .map(|(t, vals)| {
+                        let m: serde_json::Map<String, Value> = self
+                            .quantiles
+                            .iter()
+                            .zip(vals)
+                            .map(|(q, v)| (quantile_name(*q), json_number(*v)))
+                            .collect();
+                        json!([t, m])
+                    })
+                    .collect();
+                json!({"labels": s.labels, "points": points})
+            })
+            .collect();
+        json!({
+            "signal": self.signal,
+            "unit": self.unit,
+            "relative_error": self.relative_error.unwrap_or(0.0),
+            "exact": self.relative_error.is_none(),
+            "series": series,
+            "partial": self.partial,
+        })
+    }
+}
+
+/// A float as JSON (NaN and infinities as null).
+pub fn json_number(v: f64) -> Value {
+    if v.is_finite() { json!(v) } else { Value::Null }
+}
