@@ -23,38 +23,23 @@ use crate::state::{SharedState, Tenant, blocking};
 use crate::time::parse_time;
 use crate::traces::search::form_pairs;
 
+/// Each capability's route.
+const ROUTES: &[(&str, &str)] = &[
+    ("/api/v1/lineage/operations", "lineage_operations"),
+    ("/api/v1/lineage/request", "lineage_request"),
+    ("/api/v1/lineage/dimensions", "lineage_dimensions"),
+    ("/api/v1/heatmap", "heatmap"),
+    ("/api/v1/percentiles", "percentiles"),
+    ("/api/v1/anomalies", "anomalies"),
+    ("/api/v1/drift", "drift"),
+    ("/api/v1/saturation", "saturation"),
+];
+
 pub fn router() -> Router<SharedState> {
-    Router::new()
-        .route("/api/v1/leaks", get(leak_scan))
-        .route(
-            "/api/v1/lineage/operations",
-            get(|s, t, q| capability("lineage_operations", s, t, q)),
-        )
-        .route(
-            "/api/v1/lineage/request",
-            get(|s, t, q| capability("lineage_request", s, t, q)),
-        )
-        .route(
-            "/api/v1/lineage/dimensions",
-            get(|s, t, q| capability("lineage_dimensions", s, t, q)),
-        )
-        .route(
-            "/api/v1/heatmap",
-            get(|s, t, q| capability("heatmap", s, t, q)),
-        )
-        .route(
-            "/api/v1/percentiles",
-            get(|s, t, q| capability("percentiles", s, t, q)),
-        )
-        .route(
-            "/api/v1/anomalies",
-            get(|s, t, q| capability("anomalies", s, t, q)),
-        )
-        .route("/api/v1/drift", get(|s, t, q| capability("drift", s, t, q)))
-        .route(
-            "/api/v1/saturation",
-            get(|s, t, q| capability("saturation", s, t, q)),
-        )
+    ROUTES.iter().fold(
+        Router::new().route("/api/v1/leaks", get(leak_scan)),
+        |router, (path, name)| router.route(path, get(|s, t, q| capability(name, s, t, q))),
+    )
 }
 
 async fn capability(

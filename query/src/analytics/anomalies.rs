@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use weft_storage::Store;
 
 use super::exec::{Run, steps};
-use super::params::{Params, Result, dim_expr, ident, inherited, invalid, ts};
+use super::params::{Groups, Params, Result, dim_expr, groups, ident, inherited, invalid, ts};
 use super::percentiles::json_number;
 use super::signals::{REQUEST_SPANS, SpanSignal, span_signal};
 use super::sketch::{Sketch, bin_sql};
@@ -237,7 +237,7 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
     if sensitivity <= 0.0 {
         return Err(invalid("sensitivity: must be above 0"));
     }
-    run.fit_rows(&mut p, "spans").await?;
+    run.fit_rows(&mut p).await?;
     // the range: as given, else the spans' own
     if p.start.is_none() || p.end.is_none() {
         let r = run
@@ -262,9 +262,7 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
         None => std::time::Duration::from_millis(((end - start) / 40 / 1_000_000).max(1000)),
     };
     let step_ns = steps(start, end, step, "step")?;
-    let dims = p
-        .list("dims")
-        .unwrap_or_else(|| DEFAULT_DIMS.iter().map(|d| (*d).to_owned()).collect());
+    let dims = p.list_or("dims", DEFAULT_DIMS);
     let mut incidents = Vec::new();
     for signal in &signals {
         if run.left().is_zero() {
@@ -525,12 +523,11 @@ async fn attribute(
         Kind::Rate => ("v > 0.5".to_owned(), "1.0".to_owned()),
         _ => ("TRUE".to_owned(), "1.0".to_owned()),
     };
-    let cols: String = exprs
+    let cast: Vec<String> = exprs
         .iter()
-        .enumerate()
-        .map(|(i, e)| format!(", CAST({e} AS VARCHAR) AS d{i}"))
+        .map(|e| format!("CAST({e} AS VARCHAR)"))
         .collect();
-    let keys: String = (0..dims.len()).map(|i| format!(", d{i}")).collect();
+    let Groups { select: cols, keys } = groups(&cast);
     let query = format!(
         "SELECT w{keys}, count(*), sum(CASE WHEN w > 0 AND {hit} THEN 1 ELSE 0 END), \
          sum(CASE WHEN w > 0 AND {hit} THEN {excess} ELSE 0.0 END) FROM \

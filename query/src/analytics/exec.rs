@@ -1,6 +1,7 @@
 //! How a capability runs its queries: through the SQL engine (its tables, index push-down,
 //! memory budget), under the call's time budget, and with its rows budget checked first.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
@@ -73,31 +74,17 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Applies the rows budget: when more than `max_rows_scanned` spans match `conditions`
-    /// in the range, moves the start later so that about that many (the newest) remain, and
-    /// marks the call partial. Needs a range: an open one is closed on the data's own.
-    pub async fn fit_rows(&mut self, params: &mut Params, table: &str) -> Result<()> {
+    /// Applies the rows budget: when more than `max_rows_scanned` spans match the parameters,
+    /// moves the start later so that about that many (the newest) remain, and marks the call
+    /// partial. Needs a range: an open one is closed on the data's own.
+    pub async fn fit_rows(&mut self, params: &mut Params) -> Result<()> {
         let Some(max) = params.max_rows_scanned else {
             return Ok(());
         };
-        let time = if table == "spans" {
-            "start_time"
-        } else {
-            "time"
-        };
-        let conditions = if table == "spans" {
-            params.span_conditions()?
-        } else {
-            params.time_condition(time)
-        };
-        let filter = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conditions.join(" AND "))
-        };
         let rows = self
             .sql(&format!(
-                "SELECT count(*), CAST(min({time}) AS BIGINT), CAST(max({time}) AS BIGINT) FROM {table} {filter}"
+                "SELECT count(*), CAST(min(start_time) AS BIGINT), CAST(max(start_time) AS BIGINT) FROM spans {}",
+                params.where_clause(&[])?
             ))
             .await?;
         let (count, lo, hi) = (
@@ -153,6 +140,20 @@ impl Rows {
             out.extend((0..a.len()).map(|j| a.is_valid(j).then(|| a.value(j).to_owned())));
         }
         out
+    }
+
+    /// Each row's labels from the columns after `first`, one per dimension (NULL left out).
+    pub fn labels(&self, first: usize, dims: &[String]) -> Vec<BTreeMap<String, String>> {
+        let columns: Vec<Vec<Option<String>>> =
+            (0..dims.len()).map(|i| self.strings(first + i)).collect();
+        (0..self.len())
+            .map(|row| {
+                dims.iter()
+                    .zip(&columns)
+                    .filter_map(|(d, c)| c[row].clone().map(|v| (d.clone(), v)))
+                    .collect()
+            })
+            .collect()
     }
 
     /// Column `i` as floats.

@@ -262,11 +262,6 @@ fn node_fields() -> Vec<Field> {
     ]
 }
 
-fn dims_of(p: &Params, key: &str, default: &[&str]) -> Vec<String> {
-    p.list(key)
-        .unwrap_or_else(|| default.iter().map(|d| (*d).to_owned()).collect())
-}
-
 /// The columns of a capability's table, from its parameters alone.
 fn schema_of(name: &str, p: &Params) -> SchemaRef {
     let utf8 =
@@ -280,7 +275,7 @@ fn schema_of(name: &str, p: &Params) -> SchemaRef {
             f("p99_ms", DataType::Float64),
         ],
         "lineage_dimensions" => {
-            let mut v = utf8(dims_of(p, "dims", super::lineage::DEFAULT_DIMS));
+            let mut v = utf8(p.list_or("dims", super::lineage::DEFAULT_DIMS));
             v.extend([
                 f("requests", DataType::Int64),
                 f("spans", DataType::Int64),
@@ -296,7 +291,7 @@ fn schema_of(name: &str, p: &Params) -> SchemaRef {
             } else {
                 f("time", timestamp_type())
             }];
-            v.extend(utf8(dims_of(p, "by", &[])));
+            v.extend(utf8(p.list_or("by", &[])));
             v.extend([
                 f("y_upper_bound", DataType::Float64),
                 f("count", DataType::Int64),
@@ -306,7 +301,7 @@ fn schema_of(name: &str, p: &Params) -> SchemaRef {
         }
         "percentiles" => {
             let mut v = vec![f("time", timestamp_type())];
-            v.extend(utf8(dims_of(p, "by", &[])));
+            v.extend(utf8(p.list_or("by", &[])));
             v.extend([
                 f("quantile", DataType::Float64),
                 f("value", DataType::Float64),
@@ -337,7 +332,7 @@ fn schema_of(name: &str, p: &Params) -> SchemaRef {
         _ => {
             // saturation
             let mut v = vec![f("model", DataType::Utf8)];
-            v.extend(utf8(dims_of(p, "by", &[])));
+            v.extend(utf8(p.list_or("by", &[])));
             v.extend([
                 f("context_window", DataType::Int64),
                 f("requests", DataType::Int64),

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::exec::{Run, steps};
-use super::params::{Params, Result, dim_expr, invalid};
-use super::percentiles::{by_dims, step_of};
+use super::params::{Groups, Params, Result, dim_exprs, groups, invalid};
+use super::percentiles::step_of;
 use super::signals::{TOKEN_SPANS, span_signal};
 
 pub const PARAMS: &[&str] = &["x", "step", "y", "buckets", "by"];
@@ -85,8 +85,8 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         .unwrap_or(if by_token { "itl" } else { "duration" });
     let signal = span_signal(y)?;
     let buckets = buckets(&p)?;
-    let dims = by_dims(&p);
-    run.fit_rows(&mut p, "spans").await?;
+    let dims = p.list_or("by", &[]);
+    run.fit_rows(&mut p).await?;
     let (x_sql, step) = if by_token {
         let step = match p.get("step") {
             None => 1,
@@ -134,12 +134,10 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
             format!("CASE{arms} ELSE {} END", b.len())
         }
     };
-    let groups: String = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!(", {} AS g{i}", dim_expr(d)))
-        .collect();
-    let keys: String = (0..dims.len()).map(|i| format!(", g{i}")).collect();
+    let Groups {
+        select: groups,
+        keys,
+    } = groups(&dim_exprs(&dims));
     let query = format!(
         "SELECT x{keys}, {bucket_sql} AS b, count(*), max(trace_id) FROM \
          (SELECT {x_sql} AS x{groups}, {} AS v, trace_id FROM spans {filter}) \
@@ -164,7 +162,7 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         return Ok(empty(true));
     };
     let xs = rows.i64(0);
-    let labels: Vec<Vec<Option<String>>> = (0..dims.len()).map(|i| rows.strings(1 + i)).collect();
+    let labels = rows.labels(1, &dims);
     let (b, n, ex) = (
         rows.i64(1 + dims.len()),
         rows.i64(2 + dims.len()),
@@ -234,14 +232,9 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         };
         add(&mut total);
         if !dims.is_empty() {
-            let l: BTreeMap<String, String> = dims
-                .iter()
-                .zip(&labels)
-                .filter_map(|(d, col)| col[row].clone().map(|v| (d.clone(), v)))
-                .collect();
-            let g = groups.entry(l.clone()).or_insert_with(|| {
+            let g = groups.entry(labels[row].clone()).or_insert_with(|| {
                 let mut g = grid();
-                g.labels = l;
+                g.labels = labels[row].clone();
                 g
             });
             add(g);

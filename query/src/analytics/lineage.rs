@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use super::exec::Run;
-use super::params::{Params, Result, dim_expr, inherited, invalid, lit};
+use super::params::{Groups, Params, Result, dim_exprs, groups, inherited, invalid, lit};
 use super::percentiles::json_number;
 use super::signals::REQUEST_SPANS;
 
@@ -52,6 +52,23 @@ pub struct Graph {
     pub partial: bool,
 }
 
+impl Node {
+    /// A node with nothing counted yet.
+    fn new(id: String, kind: &'static str, title: String, subtitle: String) -> Self {
+        Self {
+            id,
+            kind,
+            title,
+            subtitle,
+            calls: 0,
+            errors: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            latency_share: 0.0,
+        }
+    }
+}
+
 fn node_id(service: &str, operation: Option<&str>) -> String {
     match operation {
         Some(o) => format!("{service}/{o}"),
@@ -70,7 +87,7 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
             )));
         }
     };
-    run.fit_rows(&mut p, "spans").await?;
+    run.fit_rows(&mut p).await?;
     let filter = p.where_clause(&[])?;
     let (key, key_c, key_p) = if services {
         (
@@ -90,30 +107,25 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
          approx_percentile_cont(duration_ns, 0.5), approx_percentile_cont(duration_ns, 0.99), \
          sum(CAST(duration_ns AS DOUBLE)) FROM spans {filter} GROUP BY 1, 2"
     );
-    let mut roots_p = p.clone();
-    roots_p.service = None;
-    roots_p.name = None;
+    // roots and parents: any service and operation, in the same range and requests
+    let mut any_op = p.clone();
+    any_op.service = None;
+    any_op.name = None;
     let roots_q = format!(
         "SELECT sum(CAST(duration_ns AS DOUBLE)) FROM spans {}",
-        roots_p.where_clause(&["parent_span_id IS NULL".into()])?
+        any_op.where_clause(&["parent_span_id IS NULL".into()])?
     );
-    // edges: each child with its parent in the same trace; children of one parent are
-    // folded first, so that a generate span's hundreds of token spans meet their parent once
+    // edges: each child with its parent in the same trace
     let child_filter = p.where_clause(&["parent_span_id IS NOT NULL".into()])?;
-    let parent_filter = {
-        let mut q = p.clone();
-        q.service = None;
-        q.name = None;
-        q.where_clause(&[])?
-    };
-    let (ckey, pkey) = if services {
-        ("service_name", "service_name")
+    let parent_filter = any_op.where_clause(&[])?;
+    let columns = if services {
+        "service_name"
     } else {
-        ("service_name, name", "service_name, name")
+        "service_name, name"
     };
     let edges_q = format!(
-        "WITH c AS (SELECT trace_id, parent_span_id, {ckey}, duration_ns FROM spans {child_filter}), \
-         p AS (SELECT trace_id, span_id, {pkey} FROM spans {parent_filter}) \
+        "WITH c AS (SELECT trace_id, parent_span_id, {columns}, duration_ns FROM spans {child_filter}), \
+         p AS (SELECT trace_id, span_id, {columns} FROM spans {parent_filter}) \
          SELECT {key_p}, {key_c}, count(*), approx_percentile_cont(c.duration_ns, 0.99) \
          FROM c JOIN p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id \
          {same} GROUP BY 1, 2, 3, 4",
@@ -273,22 +285,16 @@ pub const DEFAULT_DIMS: &[&str] = &[
 /// request spans. The indexed LLM dimensions are read from the request columns (a token span
 /// counts under its own request's values); other attributes are those of the request span.
 pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> {
-    let dims: Vec<String> = p
-        .list("dims")
-        .unwrap_or_else(|| DEFAULT_DIMS.iter().map(|d| (*d).to_owned()).collect());
+    let dims = p.list_or("dims", DEFAULT_DIMS);
     if dims.is_empty() || dims.len() > 8 {
         return Err(invalid("dims: name one to eight dimensions"));
     }
-    run.fit_rows(&mut p, "spans").await?;
+    run.fit_rows(&mut p).await?;
     let all_inherited = dims.iter().all(|d| inherited(d));
-    let exprs: Vec<String> = dims.iter().map(|d| dim_expr(d)).collect();
-    let cols: String = exprs
-        .iter()
-        .enumerate()
-        .map(|(i, e)| format!("{e} AS d{i}, "))
-        .collect();
-    let keys: Vec<String> = (0..dims.len()).map(|i| format!("d{i}")).collect();
-    let keys = keys.join(", ");
+    let exprs = dim_exprs(&dims);
+    let Groups { select: cols, keys } = groups(&exprs);
+    // the grouping columns lead the answer
+    let keys = keys.trim_start_matches(", ");
     let request = format!("({REQUEST_SPANS})");
     let query = if all_inherited {
         // every span of a request carries the request's values: one pass
@@ -299,25 +305,20 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
              approx_percentile_cont(CASE WHEN r THEN duration_ns END, 0.5), \
              approx_percentile_cont(CASE WHEN r THEN duration_ns END, 0.99), \
              sum(CASE WHEN r AND status_code = 'ERROR' THEN 1 ELSE 0 END), sum(CASE WHEN r THEN 1 ELSE 0 END) \
-             FROM (SELECT {cols}trace_id, duration_ns, status_code, {request} AS r FROM spans {filter}) \
+             FROM (SELECT trace_id{cols}, duration_ns, status_code, {request} AS r FROM spans {filter}) \
              GROUP BY {keys}"
         )
     } else {
         // attributes of the request span: the request spans, and the spans of their traces
         let filter = p.where_clause(std::slice::from_ref(&request))?;
-        let all = p.where_clause(&[])?;
+        let all = p.where_clause(&["trace_id IN (SELECT trace_id FROM r)".into()])?;
         format!(
-            "WITH r AS (SELECT {cols}trace_id, duration_ns, status_code FROM spans {filter}), \
-             n AS (SELECT trace_id, count(*) AS n FROM spans {all} AND trace_id IN (SELECT trace_id FROM r) GROUP BY trace_id) \
+            "WITH r AS (SELECT trace_id{cols}, duration_ns, status_code FROM spans {filter}), \
+             n AS (SELECT trace_id, count(*) AS n FROM spans {all} GROUP BY trace_id) \
              SELECT {keys}, count(DISTINCT r.trace_id), CAST(sum(COALESCE(n.n, 0)) AS BIGINT), \
              approx_percentile_cont(duration_ns, 0.5), approx_percentile_cont(duration_ns, 0.99), \
              sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END), count(*) \
-             FROM r LEFT JOIN n ON r.trace_id = n.trace_id GROUP BY {keys}",
-            all = if all.is_empty() {
-                "WHERE TRUE".to_owned()
-            } else {
-                all
-            }
+             FROM r LEFT JOIN n ON r.trace_id = n.trace_id GROUP BY {keys}"
         )
     };
     let Some(rows) = run.sql_or_partial(&query).await? else {
@@ -478,17 +479,9 @@ pub async fn request(run: &mut Run<'_>, p: Params) -> Result<Graph> {
                    subtitle: String,
                    ms: f64,
                    error: bool| {
-        let n = nodes.entry(id.clone()).or_insert_with(|| Node {
-            id,
-            kind,
-            title,
-            subtitle,
-            calls: 0,
-            errors: 0,
-            p50_ms: 0.0,
-            p99_ms: 0.0,
-            latency_share: 0.0,
-        });
+        let n = nodes
+            .entry(id.clone())
+            .or_insert_with(|| Node::new(id, kind, title, subtitle));
         n.calls += 1;
         n.errors += u64::from(error);
         durations.entry(n.id.clone()).or_default().push(ms);
@@ -519,16 +512,8 @@ pub async fn request(run: &mut Run<'_>, p: Params) -> Result<Graph> {
                 .entry((service.clone(), id.clone()))
                 .or_insert((0, 0.0))
                 .0 += 1;
-            nodes.entry(service.clone()).or_insert_with(|| Node {
-                id: service.clone(),
-                kind: "service",
-                title: service.clone(),
-                subtitle: String::new(),
-                calls: 0,
-                errors: 0,
-                p50_ms: 0.0,
-                p99_ms: 0.0,
-                latency_share: 0.0,
+            nodes.entry(service.clone()).or_insert_with(|| {
+                Node::new(service.clone(), "service", service.clone(), String::new())
             });
             id
         };
@@ -546,20 +531,12 @@ pub async fn request(run: &mut Run<'_>, p: Params) -> Result<Graph> {
         ] {
             if let Some(v) = v {
                 let vid = format!("{kind}:{v}");
-                nodes.entry(vid.clone()).or_insert_with(|| Node {
-                    id: vid.clone(),
-                    kind,
-                    title: v.clone(),
-                    subtitle: kind.replace('_', " "),
-                    calls: 0,
-                    errors: 0,
-                    p50_ms: 0.0,
-                    p99_ms: 0.0,
-                    latency_share: 0.0,
-                });
-                if let Some(n) = nodes.get_mut(&vid) {
-                    n.calls += 1;
-                }
+                nodes
+                    .entry(vid.clone())
+                    .or_insert_with(|| {
+                        Node::new(vid.clone(), kind, v.clone(), kind.replace('_', " "))
+                    })
+                    .calls += 1;
                 edges.entry((id.clone(), vid)).or_insert((0, 0.0)).0 += 1;
             }
         }
@@ -600,17 +577,9 @@ pub async fn request(run: &mut Run<'_>, p: Params) -> Result<Graph> {
                 .cloned()
         });
         let id = format!("log:{class}:{}", owner.clone().unwrap_or_default());
-        let n = nodes.entry(id.clone()).or_insert_with(|| Node {
-            id: id.clone(),
-            kind: "log",
-            title: class.clone(),
-            subtitle: "log records".into(),
-            calls: 0,
-            errors: 0,
-            p50_ms: 0.0,
-            p99_ms: 0.0,
-            latency_share: 0.0,
-        });
+        let n = nodes
+            .entry(id.clone())
+            .or_insert_with(|| Node::new(id.clone(), "log", class.clone(), "log records".into()));
         n.calls += ln[i].unwrap_or(0) as u64;
         if let Some(o) = owner {
             edges.entry((o, id)).or_insert((0, 0.0)).0 += ln[i].unwrap_or(0) as u64;
@@ -634,16 +603,13 @@ pub async fn request(run: &mut Run<'_>, p: Params) -> Result<Graph> {
         } else {
             format!("linked_trace:{linked}")
         };
-        let n = nodes.entry(id.clone()).or_insert_with(|| Node {
-            id: id.clone(),
-            kind: "linked_trace",
-            title: linked.clone(),
-            subtitle: "linked trace".into(),
-            calls: 0,
-            errors: 0,
-            p50_ms: 0.0,
-            p99_ms: 0.0,
-            latency_share: 0.0,
+        let n = nodes.entry(id.clone()).or_insert_with(|| {
+            Node::new(
+                id.clone(),
+                "linked_trace",
+                linked.clone(),
+                "linked trace".into(),
+            )
         });
         n.calls += 1;
         if let Some(from) = ks[i].clone().and_then(|s| {

@@ -163,6 +163,12 @@ impl Params {
         })
     }
 
+    /// A comma-separated list parameter, or `default` when not given.
+    pub fn list_or(&self, key: &str, default: &[&str]) -> Vec<String> {
+        self.list(key)
+            .unwrap_or_else(|| default.iter().map(|d| (*d).to_owned()).collect())
+    }
+
     /// A boolean parameter (`true`, `false`, `1`, `0`).
     pub fn flag(&self, key: &str) -> Result<bool> {
         match self.get(key).map(str::trim) {
@@ -171,6 +177,29 @@ impl Params {
             Some(v) => Err(invalid(format!("{key}: {v:?} is not true or false"))),
         }
     }
+}
+
+/// Grouping columns over SQL expressions: `select` adds `, EXPR AS gN` to a projection,
+/// `keys` adds `, gN` to a projection or a `GROUP BY` over it.
+pub struct Groups {
+    pub select: String,
+    pub keys: String,
+}
+
+pub fn groups(exprs: &[String]) -> Groups {
+    Groups {
+        select: exprs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| format!(", {e} AS g{i}"))
+            .collect(),
+        keys: (0..exprs.len()).map(|i| format!(", g{i}")).collect(),
+    }
+}
+
+/// The SQL of each dimension ([`dim_expr`]).
+pub fn dim_exprs(dims: &[String]) -> Vec<String> {
+    dims.iter().map(|d| dim_expr(d)).collect()
 }
 
 /// A string as an SQL literal.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::exec::{Run, steps};
-use super::params::{Params, Result, dim_expr, invalid};
+use super::params::{Groups, Params, Result, dim_exprs, groups, invalid};
 use super::signals::span_signal;
 use super::sketch::{RELATIVE_ERROR, Sketch, bin_sql};
 
@@ -54,11 +54,6 @@ fn quantiles(p: &Params) -> Result<Vec<f64>> {
     Ok(qs)
 }
 
-/// The dimensions of `by` (empty when not given).
-pub fn by_dims(p: &Params) -> Vec<String> {
-    p.list("by").unwrap_or_default()
-}
-
 /// The step: `step`, else the range in about 60 steps, else a minute.
 pub fn step_of(p: &Params) -> Result<std::time::Duration> {
     Ok(match p.duration("step")? {
@@ -76,19 +71,17 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
     let signal = span_signal(p.get("signal").unwrap_or("e2e"))?;
     let qs = quantiles(&p)?;
     let exact = p.flag("exact")?;
-    let dims = by_dims(&p);
+    let dims = p.list_or("by", &[]);
     let step = step_of(&p)?;
     if let (Some(s), Some(e)) = (p.start, p.end) {
         steps(s, e, step, "step")?;
     }
-    run.fit_rows(&mut p, "spans").await?;
+    run.fit_rows(&mut p).await?;
     let filter = p.where_clause(&[format!("({})", signal.condition)])?;
-    let groups: String = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!(", {} AS g{i}", dim_expr(d)))
-        .collect();
-    let keys: String = (0..dims.len()).map(|i| format!(", g{i}")).collect();
+    let Groups {
+        select: groups,
+        keys,
+    } = groups(&dim_exprs(&dims));
     let inner = format!(
         "SELECT CAST(date_bin(INTERVAL '{} milliseconds', start_time) AS BIGINT) AS t{groups}, {} AS v FROM spans {filter}",
         step.as_millis(),
@@ -122,13 +115,7 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         }
     };
     let t = rows.i64(0);
-    let labels: Vec<Vec<Option<String>>> = (0..dims.len()).map(|i| rows.strings(1 + i)).collect();
-    let label_of = |row: usize| -> BTreeMap<String, String> {
-        dims.iter()
-            .zip(&labels)
-            .filter_map(|(d, col)| col[row].clone().map(|v| (d.clone(), v)))
-            .collect()
-    };
+    let labels = rows.labels(1, &dims);
     let mut by_labels: BTreeMap<BTreeMap<String, String>, BTreeMap<i64, Vec<f64>>> =
         BTreeMap::new();
     if exact {
@@ -138,7 +125,7 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         for row in 0..rows.len() {
             let vals = values.iter().map(|c| c[row].unwrap_or(f64::NAN)).collect();
             by_labels
-                .entry(label_of(row))
+                .entry(labels[row].clone())
                 .or_default()
                 .insert(t[row].unwrap_or(0), vals);
         }
@@ -148,7 +135,7 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
             BTreeMap::new();
         for row in 0..rows.len() {
             sketches
-                .entry(label_of(row))
+                .entry(labels[row].clone())
                 .or_default()
                 .entry(t[row].unwrap_or(0))
                 .or_default()

@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::exec::Run;
-use super::params::{Params, Result, dim_expr, lit};
-use super::percentiles::by_dims;
+use super::params::{Groups, Params, Result, dim_exprs, groups, lit};
 use super::signals::REQUEST_SPANS;
 
 pub const PARAMS: &[&str] = &["by"];
@@ -78,8 +77,8 @@ pub async fn saturation(
     mut p: Params,
     windows: &BTreeMap<String, u64>,
 ) -> Result<Saturation> {
-    let dims = by_dims(&p);
-    run.fit_rows(&mut p, "spans").await?;
+    let dims = p.list_or("by", &[]);
+    run.fit_rows(&mut p).await?;
     let filter = p.where_clause(&[
         format!("({REQUEST_SPANS})"),
         "\"gen_ai.usage.input_tokens\" IS NOT NULL".into(),
@@ -100,12 +99,7 @@ pub async fn saturation(
     } else {
         format!("CASE \"gen_ai.request.model\"{arms} END")
     };
-    let cols: String = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!(", {} AS d{i}", dim_expr(d)))
-        .collect();
-    let keys: String = (0..dims.len()).map(|i| format!(", d{i}")).collect();
+    let Groups { select: cols, keys } = groups(&dim_exprs(&dims));
     let query = format!(
         "SELECT m{keys}, max(w), count(*), \
          sum(CASE WHEN tokens >= 0.8 * w THEN 1 ELSE 0 END), \
