@@ -1,6 +1,6 @@
 //! The `weft` server: configuration, the OTLP receivers (HTTP and gRPC), the query API
-//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol, the Prometheus API; Tempo and
-//! Jaeger surfaces come with their issues),
+//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol, the Prometheus API, Tempo's API;
+//! the Jaeger surface comes with its issue),
 //! health and self-metrics, and the process lifecycle.
 //!
 //! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
@@ -17,5 +17,6 @@ pub mod prometheus;
 pub mod server;
 pub mod sql;
 pub mod state;
+pub mod tempo;
 pub mod time;
 pub mod traces;

@@ -20,6 +20,7 @@ pub mod promql;
 pub mod search;
 pub mod sql;
 pub mod time;
+pub mod traceql;
 
 pub use error::QueryError;
 pub use search::{SearchPage, SearchRequest, TraceSummary, search};

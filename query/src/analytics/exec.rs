@@ -37,6 +37,16 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// A call with its own time budget (at most the engine's query timeout).
+    pub fn with_timeout(engine: &'a SqlEngine, tenant: &'a TenantId, limit: Duration) -> Self {
+        Self {
+            engine,
+            tenant,
+            deadline: Instant::now() + limit.min(engine.config().timeout),
+            partial: false,
+        }
+    }
+
     /// Time left of the call's budget.
     pub fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())

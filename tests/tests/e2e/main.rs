@@ -10,3 +10,4 @@ mod logs;
 mod retention;
 mod search;
 mod sql;
+mod tempo;

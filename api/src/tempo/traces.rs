@@ -1,0 +1,106 @@
+//! `GET /api/traces/{id}` (OTLP `TracesData`) and `GET /api/v2/traces/{id}`
+//! (`tempopb.TraceByIDResponse`): protobuf for `Accept: application/protobuf`, JSON (OTLP/JSON
+//! for the trace) otherwise. Ids of 1 to 32 hex digits, left-padded; `start` / `end` (Unix
+//! seconds) limit the answer to traces with a span in the range; 404 when none is found.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prost::Message;
+use serde::Deserialize;
+use weft_ingest::otlp::export::to_request;
+use weft_ingest::otlp::json::encode_request;
+use weft_storage::model::TraceId;
+
+use super::proto::{Trace, TraceByIdMetrics, TraceByIdResponse};
+use super::{TempoError, range, trace_id, wants_protobuf};
+use crate::state::{SharedState, Tenant, blocking};
+
+#[derive(Deserialize)]
+pub struct RangeParams {
+    start: Option<String>,
+    end: Option<String>,
+}
+
+/// The trace's OTLP message, or 404.
+async fn load(
+    state: &SharedState,
+    tenant: weft_storage::model::TenantId,
+    id: &str,
+    params: &RangeParams,
+) -> Result<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest, TempoError>
+{
+    let hex = trace_id(id)?;
+    let (start, end) = range(params.start.as_deref(), params.end.as_deref(), true)?;
+    let trace = TraceId::from_hex(&hex).map_err(|e| TempoError::bad(e.to_string()))?;
+    let store = state.store.clone();
+    let spans = blocking(move || store.trace(&tenant, &trace))
+        .await?
+        .map_err(|e| TempoError::from(crate::error::ApiError::from(e)))?;
+    let in_range = spans
+        .iter()
+        .any(|s| start.is_none_or(|st| s.end.0 >= st) && end.is_none_or(|e| s.start.0 < e));
+    if spans.is_empty() || !in_range {
+        return Err(TempoError(
+            StatusCode::NOT_FOUND,
+            format!("trace not found: {hex}"),
+        ));
+    }
+    Ok(to_request(&spans))
+}
+
+pub async fn v1(
+    State(state): State<SharedState>,
+    Tenant(tenant): Tenant,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<RangeParams>,
+) -> Result<Response, TempoError> {
+    let message = load(&state, tenant, &id, &params).await?;
+    Ok(if wants_protobuf(&headers) {
+        (
+            [(header::CONTENT_TYPE, "application/protobuf")],
+            message.encode_to_vec(),
+        )
+            .into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            encode_request(&message),
+        )
+            .into_response()
+    })
+}
+
+pub async fn v2(
+    State(state): State<SharedState>,
+    Tenant(tenant): Tenant,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<RangeParams>,
+) -> Result<Response, TempoError> {
+    let message = load(&state, tenant, &id, &params).await?;
+    Ok(if wants_protobuf(&headers) {
+        let response = TraceByIdResponse {
+            trace: Some(Trace {
+                resource_spans: message.resource_spans,
+            }),
+            metrics: Some(TraceByIdMetrics::default()),
+            status: 0,
+            message: String::new(),
+        };
+        (
+            [(header::CONTENT_TYPE, "application/protobuf")],
+            response.encode_to_vec(),
+        )
+            .into_response()
+    } else {
+        // proto3 JSON of the response: the trace as OTLP/JSON, the rest at its defaults
+        let trace = String::from_utf8(encode_request(&message)).expect("JSON is UTF-8");
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{{\"trace\":{trace},\"metrics\":{{}}}}"),
+        )
+            .into_response()
+    })
+}
