@@ -1,6 +1,6 @@
 //! The `weft` server: configuration, the OTLP receivers (HTTP and gRPC), the query API
-//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol, the Prometheus API, Tempo's API;
-//! the Jaeger surface comes with its issue),
+//! (native JSON, SQL over HTTP and the PostgreSQL wire protocol, the Prometheus, Tempo and
+//! Jaeger APIs),
 //! health and self-metrics, and the process lifecycle.
 //!
 //! It holds no storage or query logic of its own: it wires `weft-ingest`, `weft-query` and
@@ -10,6 +10,7 @@ pub mod analytics;
 pub mod config;
 pub mod error;
 pub mod gpu;
+pub mod jaeger;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;

@@ -21,7 +21,7 @@ use weft_storage::Store;
 use crate::config::Config;
 use crate::metrics::{self, RequestMetrics};
 use crate::state::{AppState, SharedState};
-use crate::{analytics, logs, otlp, prometheus, sql, tempo, traces};
+use crate::{analytics, jaeger, logs, otlp, prometheus, sql, tempo, traces};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -53,6 +53,7 @@ pub fn api_router(state: SharedState) -> Router {
         .merge(prometheus::router())
         .merge(analytics::router())
         .merge(tempo::router())
+        .merge(jaeger::router())
         .merge(sql::http::router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

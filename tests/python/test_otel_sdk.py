@@ -4,6 +4,7 @@ back through Weft's API and compared field by field with what the SDK recorded."
 import base64
 import hashlib
 import json
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -132,3 +133,57 @@ def test_sdk_spans_read_back_field_by_field(weft, transport):
     assert summary["span_count"] == 22 and summary["error_count"] == 1
     # another tenant sees nothing
     assert get(f"{weft.http}/api/v1/search?name=llm.decode.token", "someone-else")["traces"] == []
+
+
+def test_sdk_spans_read_back_through_tempo_and_jaeger(weft):
+    """The same SDK trace read through the APIs Grafana's Tempo and Jaeger data sources use."""
+    tenant = "py-grafana"
+    finished = emit(weft, "http", tenant)
+    trace_id = format(finished[-1].context.trace_id, "032x")
+    sent = {format(s.context.span_id, "016x"): s for s in finished if s.context.trace_id == finished[-1].context.trace_id}
+
+    # Tempo: the trace as OTLP (v1) and inside TraceByIDResponse (v2), the short id accepted
+    for path, unwrap in [("/api/traces/", lambda d: d), ("/api/v2/traces/", lambda d: d["trace"])]:
+        doc = unwrap(get(f"{weft.http}{path}{trace_id.lstrip('0')}", tenant))
+        got = {s["spanId"]: s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]}
+        assert set(got) == set(sent)
+        for sid, span in sent.items():
+            assert got[sid]["name"] == span.name
+            assert int(got[sid]["startTimeUnixNano"]) == span.start_time
+            assert int(got[sid]["endTimeUnixNano"]) == span.end_time
+
+    # Tempo search with TraceQL finds the errored chat span by its model version
+    q = urllib.parse.quote('{ span.llm.model_version = "llama-3.1-8b-2025-10" && status = error }')
+    found = get(f"{weft.http}/api/search?q={q}", tenant)
+    assert [t["traceID"] for t in found["traces"]] == [trace_id.lstrip("0")]
+    (chat,) = [s for s in sent.values() if s.name.startswith("chat")]
+    match = found["traces"][0]["spanSets"][0]
+    assert match["matched"] == 1
+    assert match["spans"][0]["spanID"] == format(chat.context.span_id, "016x")
+    assert match["spans"][0]["durationNanos"] == str(chat.end_time - chat.start_time)
+    assert found["traces"][0]["rootServiceName"] == "py-gateway-http"
+
+    # Jaeger: microseconds, references from parents and links, typed tags, processes
+    doc = get(f"{weft.http}/jaeger/api/traces/{trace_id}", tenant)
+    assert doc["errors"] is None and doc["total"] == 1
+    (trace,) = doc["data"]
+    assert {s["spanID"] for s in trace["spans"]} == set(sent)
+    for s in trace["spans"]:
+        span = sent[s["spanID"]]
+        assert s["operationName"] == span.name
+        assert s["startTime"] == span.start_time // 1000
+        assert s["duration"] == (span.end_time - span.start_time) // 1000
+        refs = [(r["refType"], r["spanID"]) for r in s["references"]]
+        if span.parent:
+            assert ("CHILD_OF", format(span.parent.span_id, "016x")) in refs
+        for link in span.links:
+            assert ("FOLLOWS_FROM", format(link.context.span_id, "016x")) in refs
+        assert trace["processes"][s["processID"]]["serviceName"] == "py-gateway-http"
+    chat_tags = {t["key"]: t for t in next(s for s in trace["spans"] if s["operationName"].startswith("chat"))["tags"]}
+    assert chat_tags["llm.batch_size"] == {"key": "llm.batch_size", "type": "int64", "value": 8}
+    assert chat_tags["error"]["value"] is True
+    assert chat_tags["span.kind"]["value"] == "client"
+    services = get(f"{weft.http}/jaeger/api/services", tenant)
+    assert services["data"] == ["py-gateway-http"]
+    search = get(f"{weft.http}/jaeger/api/traces?service=py-gateway-http&tags=" + urllib.parse.quote('{"error":"true"}'), tenant)
+    assert [t["traceID"] for t in search["data"]] == [trace_id]

@@ -768,6 +768,155 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
         "{hist}"
     );
 
+    // Jaeger, under /jaeger: the envelope, services, operations, search, trace, dependencies
+    let envelope = |v: &Value| {
+        assert_eq!(
+            keys(v),
+            BTreeSet::from(["data", "total", "limit", "offset", "errors"]),
+            "{v}"
+        );
+        assert!(v["errors"].is_null(), "{v}");
+    };
+    let services = api.json("/jaeger/api/services").await;
+    envelope(&services);
+    assert_eq!(services["data"].as_array().unwrap().len(), 6, "{services}");
+    assert_eq!(services["total"], 6);
+    let ops = api
+        .json("/jaeger/api/services/inference-engine/operations")
+        .await;
+    envelope(&ops);
+    let names: BTreeSet<&str> = ops["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["llm.decode.token", "llm.generate", "llm.prefill"])
+    );
+    let ops = api
+        .json("/jaeger/api/operations?service=inference-engine&spanKind=server")
+        .await;
+    assert_eq!(
+        ops["data"],
+        serde_json::json!([{"name": "llm.generate", "spanKind": "server"}])
+    );
+    let found = api
+        .json(&format!(
+            "/jaeger/api/traces?service=inference-engine&operation=llm.generate&tags={}&minDuration=100ms&limit=4&start=1764460800000000&end=1764464400000000",
+            encode(r#"{"llm.lora_adapter":"sql-gen-v1","error":"true"}"#)
+        ))
+        .await;
+    envelope(&found);
+    let traces = found["data"].as_array().unwrap();
+    let want = api
+        .sql("SELECT count(DISTINCT trace_id) FROM spans WHERE service_name = 'inference-engine' AND name = 'llm.generate' AND \"llm.lora_adapter\" = 'sql-gen-v1' AND status_code = 'ERROR' AND duration_ns >= 100000000")
+        .await[0][0]
+        .as_u64()
+        .unwrap();
+    assert_eq!(traces.len() as u64, want.min(4), "{found}");
+    assert!(want > 0);
+    for t in traces {
+        assert_eq!(
+            keys(t),
+            BTreeSet::from(["traceID", "spans", "processes", "warnings"])
+        );
+        let generate = t["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["operationName"] == "llm.generate")
+            .unwrap();
+        assert_eq!(
+            keys(generate),
+            BTreeSet::from([
+                "traceID",
+                "spanID",
+                "operationName",
+                "references",
+                "startTime",
+                "duration",
+                "tags",
+                "logs",
+                "processID",
+                "warnings",
+                "flags"
+            ])
+        );
+        assert!(
+            generate["startTime"].is_u64() && generate["duration"].as_u64().unwrap() >= 100_000
+        );
+        assert_eq!(generate["references"][0]["refType"], "CHILD_OF");
+        let tags: BTreeMap<&str, &Value> = generate["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["key"].as_str().unwrap(), t))
+            .collect();
+        assert_eq!(tags["llm.lora_adapter"]["value"], "sql-gen-v1");
+        assert_eq!(tags["llm.batch_size"]["type"], "int64");
+        assert_eq!(tags["error"]["value"], true);
+        let process = &t["processes"][generate["processID"].as_str().unwrap()];
+        assert_eq!(process["serviceName"], "inference-engine");
+    }
+    let one = api.json(&format!("/jaeger/api/traces/{short}")).await;
+    envelope(&one);
+    assert_eq!(
+        one["data"][0]["spans"].as_array().unwrap().len() as u64,
+        count
+    );
+    let missing = api
+        .get(&format!("/jaeger/api/traces/{unknown}"), "application/json")
+        .await;
+    assert_eq!(missing.status, 404);
+    let body = missing.json().unwrap();
+    assert!(
+        body["data"].is_null() && body["errors"][0]["code"] == 404,
+        "{body}"
+    );
+    let bad = api
+        .get(
+            "/jaeger/api/traces?service=x&limit=zero",
+            "application/json",
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.json().unwrap()["errors"][0]["msg"]
+            .as_str()
+            .unwrap()
+            .contains("limit")
+    );
+    let deps = api
+        .json("/jaeger/api/dependencies?endTs=1764464400000&lookback=3600000")
+        .await;
+    envelope(&deps);
+    let edges: BTreeMap<(String, String), u64> = deps["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                (
+                    d["parent"].as_str().unwrap().to_owned(),
+                    d["child"].as_str().unwrap().to_owned(),
+                ),
+                d["callCount"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let generates = api
+        .sql("SELECT count(*) FROM spans WHERE name = 'llm.generate'")
+        .await[0][0]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        edges[&("llm-gateway".to_owned(), "inference-engine".to_owned())],
+        generates,
+        "{deps}"
+    );
+
     // the battery: TraceQL and SQL agree on which traces match and how many spans each
     let battery = battery();
     assert!(battery.len() >= 60, "{} queries", battery.len());
