@@ -8,6 +8,10 @@ pub struct Query {
     pub pipeline: Pipeline,
     /// A metrics function closing the pipeline (`| rate() by (resource.service.name)`).
     pub metrics: Option<MetricsStage>,
+    /// Query hints (`with (most_recent=true)`). Answers are always newest first and exact, so
+    /// `most_recent` holds whatever its value; other hints are read and, as Tempo does with
+    /// hints it does not know, ignored.
+    pub hints: Vec<(String, Literal)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -221,7 +221,8 @@ pub fn parse(text: &str) -> Result<Query, TraceQlError> {
     if p.toks.is_empty() {
         return Err(TraceQlError::at(0, "empty query (try `{ }`)"));
     }
-    let q = p.query()?;
+    let mut q = p.query()?;
+    q.hints = p.hints()?;
     if p.pos < p.toks.len() {
         return Err(p.unexpected("the end of the query"));
     }
@@ -295,7 +296,31 @@ impl Parser<'_> {
         Ok(Query {
             pipeline: Pipeline { source, stages },
             metrics,
+            hints: Vec::new(),
         })
+    }
+
+    /// `with (name = value, …)` at the end of a query.
+    fn hints(&mut self) -> Result<Vec<(String, Literal)>, TraceQlError> {
+        match self.peek() {
+            Some(Tok::Word(w)) if w == "with" => self.pos += 1,
+            _ => return Ok(Vec::new()),
+        }
+        self.expect(Tok::LParen, "`(` after `with`")?;
+        let mut hints = Vec::new();
+        loop {
+            let Some(Tok::Word(name)) = self.peek().cloned() else {
+                return Err(self.unexpected("a hint name (`most_recent`)"));
+            };
+            self.pos += 1;
+            self.expect(Tok::Eq, "`=` after the hint name")?;
+            hints.push((name, self.literal()?));
+            if !self.eat(&Tok::Comma) {
+                break;
+            }
+        }
+        self.expect(Tok::RParen, "`)`")?;
+        Ok(hints)
     }
 
     // spanset expressions: `||` binds loosest, then `&&`, then the structural operators

@@ -23,6 +23,8 @@ fn parses_the_supported_subset() {
         r#"{ } | histogram_over_time(duration)"#,
         r#"{ !(status = error) && span.x != nil }"#,
         r#"{ span."name with spaces" = "v" }"#,
+        r#"{ } with (most_recent=true)"#,
+        r#"{ name = "x" } | rate() with (sample=true, exemplars=5)"#,
         r#"{ statusMessage = "boom" && span.llm.batch_size <= 16 && span.f = 1.5 && span.b = true }"#,
     ] {
         parse(q).unwrap_or_else(|e| panic!("{q}: {e}"));

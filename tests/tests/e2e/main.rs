@@ -4,6 +4,7 @@ mod analytics;
 mod common;
 mod crash;
 mod gpu;
+mod grafana;
 mod hostile;
 mod ingest;
 mod logs;

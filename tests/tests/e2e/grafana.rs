@@ -1,0 +1,188 @@
+//! The shipped Grafana set-up: every panel query of the "LLM serving" dashboard, run against
+//! the real binary fed generator spans and GPU metrics, as Grafana would send it (PostgreSQL
+//! panels over the PostgreSQL wire with Grafana's time macros expanded, Prometheus panels
+//! through the Prometheus API, Tempo panels through Tempo's search), must return data; every
+//! data source a panel names is provisioned.
+
+use prost::Message;
+use serde_json::Value;
+use weft_bench::generator::{GenConfig, batches};
+use weft_bench::metrics::{MetricConfig, metric_batches};
+use weft_bench::pgclient::PgClient;
+use weft_tests::Weft;
+
+use crate::common::*;
+
+const FROM: &str = "2025-11-30T00:00:00Z";
+const TO: &str = "2025-11-30T01:00:00Z";
+const FROM_S: u64 = 1_764_460_800;
+
+fn grafana_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("grafana")
+}
+
+/// Grafana's PostgreSQL macros for the dashboard's range, as its macro engine writes them.
+fn expand(sql: &str) -> String {
+    let mut out = sql
+        .replace("$__timeFrom()", &format!("'{FROM}'"))
+        .replace("$__timeTo()", &format!("'{TO}'"));
+    while let Some(at) = out.find("$__timeFilter(") {
+        let rest = &out[at + "$__timeFilter(".len()..];
+        let close = rest.find(')').unwrap();
+        let column = rest[..close].to_owned();
+        out = format!(
+            "{}{column} BETWEEN '{FROM}' AND '{TO}'{}",
+            &out[..at],
+            &rest[close + 1..]
+        );
+    }
+    assert!(
+        !out.contains("$__"),
+        "a macro the test does not expand: {out}"
+    );
+    out
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_panel_returns_data() {
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(grafana_dir().join("dashboards/llm-serving.json")).unwrap(),
+    )
+    .unwrap();
+    let datasources =
+        std::fs::read_to_string(grafana_dir().join("provisioning/datasources/weft.yaml")).unwrap();
+    for uid in [
+        "weft-tempo",
+        "weft-jaeger",
+        "weft-prometheus",
+        "weft-postgres",
+    ] {
+        assert!(
+            datasources.contains(&format!("uid: {uid}")),
+            "{uid} not provisioned"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let w = Weft::start(dir.path(), &[]);
+    let c = Client::new();
+    let spans = GenConfig {
+        seed: 9,
+        spans: 30_000,
+        rate: 10.0,
+        min_tokens: 8,
+        max_tokens: 16,
+        ..Default::default()
+    };
+    for m in batches(spans, 2000) {
+        let r = c
+            .post(
+                &format!("{}/v1/traces", w.otlp),
+                &[("content-type", "application/x-protobuf")],
+                m.encode_to_vec(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let metrics = MetricConfig {
+        workers: 4,
+        gpus_per_worker: 2,
+        steps: 360,
+        ..Default::default()
+    };
+    for (m, _) in metric_batches(&metrics) {
+        let r = c
+            .post(
+                &format!("{}/v1/metrics", w.otlp),
+                &[("content-type", "application/x-protobuf")],
+                m.encode_to_vec(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+
+    let mut pg = PgClient::connect(&format!("127.0.0.1:{}", w.pg), "weft")
+        .await
+        .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        for target in panel["targets"].as_array().unwrap() {
+            let uid = target["datasource"]["uid"].as_str().unwrap();
+            assert!(
+                datasources.contains(&format!("uid: {uid}")),
+                "{title}: {uid}"
+            );
+            let rows = match uid {
+                "weft-postgres" => {
+                    let sql = expand(target["rawSql"].as_str().unwrap());
+                    pg.query(&sql)
+                        .await
+                        .unwrap_or_else(|e| panic!("{title}: {sql}: {e}"))
+                }
+                "weft-prometheus" => {
+                    let expr = target["expr"].as_str().unwrap();
+                    let r = c
+                        .get(
+                            &format!(
+                                "{}/prometheus/api/v1/query_range?query={}&start={FROM_S}&end={}&step=60",
+                                w.http,
+                                encode(expr),
+                                FROM_S + 3600
+                            ),
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status, 200, "{title}: {}", r.text());
+                    let body = r.json().unwrap();
+                    body["data"]["result"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| s["values"].as_array().unwrap().len())
+                        .sum()
+                }
+                "weft-tempo" => {
+                    let q = target["query"].as_str().unwrap();
+                    let r = c
+                        .get(
+                            &format!(
+                                "{}/api/search?q={}&limit={}&spss={}&start={FROM_S}&end={}",
+                                w.http,
+                                encode(q),
+                                target["limit"],
+                                target["spss"],
+                                FROM_S + 3600
+                            ),
+                            &[],
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status, 200, "{title}: {}", r.text());
+                    r.json().unwrap()["traces"].as_array().unwrap().len()
+                }
+                other => panic!("{title}: unknown data source {other}"),
+            };
+            assert!(rows > 0, "{title} ({uid}) returned no data");
+        }
+    }
+}
