@@ -19,6 +19,7 @@ use weft_bench::generator::{GenConfig, Generator, Profile, batches};
 
 mod logs_bench;
 mod metrics_bench;
+mod tempo_bench;
 
 #[derive(Parser)]
 #[command(name = "weft-bench", about = "Load generator and benchmarks for Weft")]
@@ -232,6 +233,20 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         samples: usize,
     },
+    /// Tempo's API against a running server holding the generated data: trace by id through
+    /// /api/v2/traces and TraceQL searches, each next to the SQL selecting the same spans.
+    Tempo {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long, default_value = "http://127.0.0.1:3200")]
+        target: String,
+        /// Trace-by-id lookups to time.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+        /// Timed runs per search, after one warm-up.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
     /// Compact a stopped server's store (a full RocksDB compaction), as `peers` does before
     /// its queries, so that a store can be queried in the same state by hand
     Compact {
@@ -371,6 +386,15 @@ fn main() -> anyhow::Result<()> {
             let results = rt.block_on(weft_bench::peers::run_weft(&target, &pg, &queries, runs))?;
             weft_bench::peers::print_weft(&queries, &results, print);
             Ok(())
+        }
+        Cmd::Tempo {
+            data,
+            target,
+            samples,
+            runs,
+        } => {
+            let ids = trace_ids(&data.config(), samples);
+            rt.block_on(tempo_bench::tempo(&target, &ids, runs))
         }
         Cmd::Lookup {
             data,

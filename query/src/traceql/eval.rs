@@ -20,6 +20,9 @@ use crate::analytics::params::lit;
 pub const MAX_SPANS_PER_FILTER: usize = 200_000;
 /// Trace ids per `IN (…)` list (the store looks them up in its trace-id index).
 const ID_CHUNK: usize = 1000;
+/// A spanset found in at most this many traces restricts the other side of `&&` or a
+/// structural operator to them.
+const RESTRICT_MAX: usize = 4000;
 
 /// What a search asks beside the query.
 #[derive(Clone, Debug)]
@@ -146,6 +149,8 @@ struct Eval<'r, 'a> {
     index: HashMap<(String, String), usize>,
     /// Parents of the spans of traces seen by a structural operator.
     tree: HashMap<String, HashMap<String, Option<String>>>,
+    /// Only these traces are read (looked up in the trace-id index), when set.
+    restrict: Option<Vec<String>>,
     partial: bool,
 }
 
@@ -173,14 +178,24 @@ pub async fn search(
         rows: Vec::new(),
         index: HashMap::new(),
         tree: HashMap::new(),
+        restrict: None,
         partial: false,
     };
-    let groups = e.pipeline(&query.pipeline).await?;
-    let inspected_spans = e.rows.len();
-    let mut found = e.finish(groups).await?;
-    found.inspected_spans = inspected_spans;
-    found.partial |= e.partial;
-    Ok(found)
+    let found = match &query.pipeline.source {
+        Spanset::Filter(filter) => e.newest_first(filter.as_ref(), &query.pipeline).await?,
+        _ => {
+            let groups = e.pipeline(&query.pipeline).await?;
+            let inspected_traces = groups.len();
+            let ids: Vec<String> = groups.keys().cloned().collect();
+            let mut summaries = e.summaries(&ids).await?;
+            e.found(&mut summaries, groups, inspected_traces)
+        }
+    };
+    Ok(Found {
+        inspected_spans: e.rows.len(),
+        partial: e.partial,
+        ..found
+    })
 }
 
 /// The attribute fields a query names (filters, aggregates, `by`, `select`), in order of first
@@ -271,21 +286,151 @@ impl Eval<'_, '_> {
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Sets, TraceQlError>> + Send + 's>> {
         Box::pin(async move {
             match s {
-                Spanset::Filter(e) => self.filter(e.as_ref(), None).await,
+                Spanset::Filter(e) => {
+                    let restrict = self.restrict.clone();
+                    self.filter(e.as_ref(), restrict.as_deref()).await
+                }
                 Spanset::Pipeline(p) => {
                     let groups = self.pipeline(p).await?;
                     Ok(flatten(groups))
                 }
-                Spanset::Binary(a, op, b) => {
+                Spanset::Binary(a, SetOp::Or, b) => {
                     let left = self.spanset(a).await?;
-                    if left.is_empty() && *op != SetOp::Or {
+                    let right = self.spanset(b).await?;
+                    self.combine(left, SetOp::Or, right).await
+                }
+                Spanset::Binary(a, op, b) => {
+                    // both sides must hold in a trace: read the side with fewer spans first,
+                    // then the other only in the traces it found (trace-id index lookups)
+                    let left_first = match (a.as_ref(), b.as_ref()) {
+                        (Spanset::Filter(ea), Spanset::Filter(eb)) => {
+                            self.count(ea.as_ref()).await? <= self.count(eb.as_ref()).await?
+                        }
+                        _ => true,
+                    };
+                    let (x, y) = if left_first { (a, b) } else { (b, a) };
+                    let first = self.spanset(x).await?;
+                    if first.is_empty() {
                         return Ok(Sets::new());
                     }
-                    let right = self.spanset(b).await?;
+                    let saved = self.restrict.clone();
+                    if first.len() <= RESTRICT_MAX {
+                        let mut ids: Vec<String> = first.keys().cloned().collect();
+                        ids.sort_unstable();
+                        self.restrict = Some(ids);
+                    }
+                    let second = self.spanset(y).await;
+                    self.restrict = saved;
+                    let second = second?;
+                    let (left, right) = if left_first {
+                        (first, second)
+                    } else {
+                        (second, first)
+                    };
                     self.combine(left, *op, right).await
                 }
             }
         })
+    }
+
+    /// How many spans a filter selects (from the postings where they answer).
+    async fn count(&mut self, e: Option<&FieldExpr>) -> Result<u64, TraceQlError> {
+        let (join, conds) = self.conditions(e, None);
+        let rows = self
+            .run
+            .sql(&format!("SELECT count(*) FROM spans s{join} WHERE {conds}"))
+            .await
+            .map_err(TraceQlError::from)?;
+        Ok(rows.i64(0).first().copied().flatten().unwrap_or(0) as u64)
+    }
+
+    /// The join and the `WHERE` conditions of a filter (the time range, the traces asked for).
+    fn conditions(&self, e: Option<&FieldExpr>, also: Option<&str>) -> (&'static str, String) {
+        let mut conds = vec!["TRUE".to_owned()];
+        if let Some(s) = self.opts.start {
+            conds.push(format!(
+                "s.start_time >= {}",
+                crate::analytics::params::ts(s)
+            ));
+        }
+        if let Some(end) = self.opts.end {
+            conds.push(format!(
+                "s.start_time < {}",
+                crate::analytics::params::ts(end)
+            ));
+        }
+        if let Some(a) = also {
+            conds.push(a.to_owned());
+        }
+        if let Some(e) = e {
+            conds.push(predicate(e));
+        }
+        let join = if e.is_some_and(compile::needs_traces) {
+            " JOIN traces t ON t.trace_id = s.trace_id"
+        } else {
+            ""
+        };
+        (join, conds.join(" AND "))
+    }
+
+    /// A single-filter search, newest first without reading every match: the newest matching
+    /// spans name candidate traces (newest match first); each batch of candidates is then
+    /// evaluated exactly (the whole pipeline, in those traces only) and summarised, until the
+    /// next candidate's newest match is older than the `limit`-th trace's start (a trace
+    /// starts no later than any of its spans, so no later candidate can enter). When the
+    /// candidates run out first, more of the newest matches are read.
+    async fn newest_first(
+        &mut self,
+        filter: Option<&FieldExpr>,
+        pipeline: &Pipeline,
+    ) -> Result<Found, TraceQlError> {
+        let limit = self.opts.limit.max(1);
+        let mut k = (limit * 16).max(256).min(self.opts.max_spans);
+        loop {
+            let (join, conds) = self.conditions(filter, None);
+            let rows = self
+                .run
+                .sql(&format!(
+                    "SELECT trace_id, CAST(max(st) AS BIGINT), count(*) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {k}) m GROUP BY trace_id"
+                ))
+                .await
+                .map_err(TraceQlError::from)?;
+            let (ids, newest, counts) = (rows.strings(0), rows.i64(1), rows.i64(2));
+            let read: i64 = counts.iter().flatten().sum();
+            let capped = read as usize >= k;
+            let mut candidates: Vec<(i64, String)> = ids
+                .into_iter()
+                .zip(newest)
+                .filter_map(|(id, t)| Some((t?, id?)))
+                .collect();
+            candidates.sort_unstable_by(|a, b| b.cmp(a));
+            let mut summaries: Vec<Summary> = Vec::new();
+            let mut groups = Groups::new();
+            let mut exact = false;
+            let mut evaluated = 0;
+            for chunk in candidates.chunks((limit * 2).max(16)) {
+                if summaries.len() >= limit && chunk[0].0 < summaries[limit - 1].start {
+                    exact = true;
+                    break;
+                }
+                self.restrict = Some(chunk.iter().map(|(_, id)| id.clone()).collect());
+                let found = self.pipeline(pipeline).await;
+                self.restrict = None;
+                let found = found?;
+                evaluated += chunk.len();
+                let ids: Vec<String> = found.keys().cloned().collect();
+                summaries.extend(self.summaries(&ids).await?);
+                summaries.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
+                groups.extend(found);
+            }
+            if exact || !capped || k >= self.opts.max_spans {
+                if !exact && capped {
+                    self.partial = true;
+                }
+                return Ok(self.found(&mut summaries, groups, evaluated));
+            }
+            k = (k * 8).min(self.opts.max_spans);
+        }
     }
 
     /// The spans matching a filter, per trace; only in `traces` when given.
@@ -318,30 +463,7 @@ impl Eval<'_, '_> {
         also: Option<&str>,
         sets: &mut Sets,
     ) -> Result<(), TraceQlError> {
-        let mut conds = Vec::new();
-        if let Some(s) = self.opts.start {
-            conds.push(format!(
-                "s.start_time >= {}",
-                crate::analytics::params::ts(s)
-            ));
-        }
-        if let Some(end) = self.opts.end {
-            conds.push(format!(
-                "s.start_time < {}",
-                crate::analytics::params::ts(end)
-            ));
-        }
-        if let Some(a) = also {
-            conds.push(a.to_owned());
-        }
-        if let Some(e) = e {
-            conds.push(predicate(e));
-        }
-        let join = if e.is_some_and(compile::needs_traces) {
-            " JOIN traces t ON t.trace_id = s.trace_id"
-        } else {
-            ""
-        };
+        let (join, conds) = self.conditions(e, also);
         let extra: String = self
             .fields
             .iter()
@@ -355,12 +477,7 @@ impl Eval<'_, '_> {
             .collect();
         let cap = self.opts.max_spans;
         let sql = format!(
-            "SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, CAST(s.start_time AS BIGINT) AS st, s.duration_ns{extra} FROM spans s{join}{} ORDER BY s.start_time DESC, s.span_id DESC LIMIT {}",
-            if conds.is_empty() {
-                String::new()
-            } else {
-                format!(" WHERE {}", conds.join(" AND "))
-            },
+            "SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, CAST(s.start_time AS BIGINT) AS st, s.duration_ns{extra} FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC, s.span_id DESC LIMIT {}",
             cap + 1
         );
         let rows = self.run.sql(&sql).await.map_err(TraceQlError::from)?;
@@ -667,38 +784,11 @@ impl Eval<'_, '_> {
         }
     }
 
-    /// The newest traces among those with a spanset, summarised.
-    async fn finish(&mut self, groups: Groups) -> Result<Found, TraceQlError> {
-        let inspected_traces = groups.len();
-        // a trace starts no later than any of its spans: walking traces by their newest
-        // matched span, the walk can stop once that is older than the `limit`-th trace start
-        let mut order: Vec<(i64, String)> = groups
-            .iter()
-            .map(|(t, gs)| {
-                let newest = gs
-                    .iter()
-                    .flat_map(|g| &g.rows)
-                    .map(|&r| self.rows[r].start)
-                    .max()
-                    .unwrap_or(0);
-                (newest, t.clone())
-            })
-            .collect();
-        order.sort_unstable_by(|a, b| b.cmp(a));
-        let limit = self.opts.limit.max(1);
-        let mut summaries: Vec<Summary> = Vec::new();
-        for chunk in order.chunks(ID_CHUNK.min(limit.max(64) * 4)) {
-            if summaries.len() >= limit {
-                let threshold = summaries[limit - 1].start;
-                if chunk[0].0 < threshold {
-                    break;
-                }
-            }
-            let list = chunk
-                .iter()
-                .map(|(_, t)| lit(t))
-                .collect::<Vec<_>>()
-                .join(", ");
+    /// The summaries of traces (root, start, duration), from the trace-id index.
+    async fn summaries(&mut self, ids: &[String]) -> Result<Vec<Summary>, TraceQlError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ID_CHUNK) {
+            let list = chunk.iter().map(|t| lit(t)).collect::<Vec<_>>().join(", ");
             let rows = self
                 .run
                 .sql(&format!(
@@ -715,7 +805,7 @@ impl Eval<'_, '_> {
             );
             for i in 0..ids.len() {
                 let Some(id) = ids[i].clone() else { continue };
-                summaries.push(Summary {
+                out.push(Summary {
                     trace: id,
                     root_service: svc[i].clone(),
                     root_name: name[i].clone(),
@@ -723,12 +813,16 @@ impl Eval<'_, '_> {
                     duration: dur[i].unwrap_or(0),
                 });
             }
-            summaries.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
         }
-        summaries.truncate(limit);
-        let mut groups = groups;
+        Ok(out)
+    }
+
+    /// The newest `limit` traces of `summaries` with their spansets.
+    fn found(&self, summaries: &mut Vec<Summary>, mut groups: Groups, inspected: usize) -> Found {
+        summaries.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
+        summaries.truncate(self.opts.limit.max(1));
         let traces = summaries
-            .into_iter()
+            .drain(..)
             .map(|s| {
                 let gs = groups.remove(&s.trace).unwrap_or_default();
                 FoundTrace {
@@ -741,12 +835,12 @@ impl Eval<'_, '_> {
                 }
             })
             .collect();
-        Ok(Found {
+        Found {
             traces,
-            inspected_traces,
+            inspected_traces: inspected,
             inspected_spans: 0,
             partial: false,
-        })
+        }
     }
 
     fn span_set(&self, g: Group) -> FoundSpanSet {
@@ -870,6 +964,7 @@ pub async fn matched_spans(
         rows: Vec::new(),
         index: HashMap::new(),
         tree: HashMap::new(),
+        restrict: None,
         partial: false,
     };
     let groups = e.pipeline(pipeline).await?;

@@ -91,10 +91,15 @@ impl Api<'_> {
 
     /// Trace id (32 hex) → matched spans, as TraceQL search answers.
     async fn traceql(&self, q: &str) -> BTreeMap<String, u64> {
+        self.traceql_page(q, 10_000).await.into_iter().collect()
+    }
+
+    /// The same, newest trace first, for a page of `limit` traces.
+    async fn traceql_page(&self, q: &str, limit: usize) -> Vec<(String, u64)> {
         let body = self
-            .json(&format!("/api/search?q={}&limit=10000&spss=3", encode(q)))
+            .json(&format!("/api/search?q={}&limit={limit}&spss=3", encode(q)))
             .await;
-        let mut out = BTreeMap::new();
+        let mut out = Vec::new();
         for t in body["traces"].as_array().unwrap() {
             let id = format!("{:0>32}", t["traceID"].as_str().unwrap());
             let matched: u64 = t["spanSets"]
@@ -103,7 +108,7 @@ impl Api<'_> {
                 .iter()
                 .map(|s| s["matched"].as_u64().unwrap())
                 .sum();
-            out.insert(id, matched);
+            out.push((id, matched));
         }
         out
     }
@@ -928,5 +933,27 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
             "{q}: SQL finds nothing, a weak case"
         );
         assert_eq!(got, want, "{q}\nSQL: {sql}");
+        // a short page: the newest traces of the whole answer, by start then id
+        if !want.is_empty() {
+            let list: Vec<String> = want.keys().map(|t| format!("'{t}'")).collect();
+            let newest: Vec<(String, u64)> = api
+                .sql(&format!(
+                    "SELECT trace_id FROM traces WHERE trace_id IN ({}) ORDER BY start_time DESC, trace_id DESC LIMIT 5",
+                    list.join(", ")
+                ))
+                .await
+                .iter()
+                .map(|r| {
+                    let id = r[0].as_str().unwrap().to_owned();
+                    let matched = want[&id];
+                    (id, matched)
+                })
+                .collect();
+            assert_eq!(
+                api.traceql_page(q, 5).await,
+                newest,
+                "{q}: the newest page of 5"
+            );
+        }
     }
 }
