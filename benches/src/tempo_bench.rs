@@ -19,14 +19,24 @@ pub(crate) const SEARCHES: &[(&str, &str, &str)] = &[
         "SELECT trace_id, span_id FROM spans WHERE service_name = 'inference-engine' AND status_code = 'ERROR' ORDER BY start_time DESC LIMIT 60",
     ),
     (
-        "T3 slow generate under a server span",
-        r#"{ kind = server } > { name = "llm.generate" && duration > 3s }"#,
+        "T3 slow generate under a client span",
+        r#"{ kind = client } > { name = "llm.generate" && duration > 3s }"#,
         "SELECT trace_id, span_id FROM spans WHERE name = 'llm.generate' AND duration_ns > 3000000000 ORDER BY start_time DESC LIMIT 60",
     ),
     (
         "T4 adapter and worker, two spansets",
         r#"{ span.llm.lora_adapter = "sql-gen-v1" } && { span.worker.id = "worker-3" && status = error }"#,
         "SELECT trace_id, span_id FROM spans WHERE \"llm.lora_adapter\" = 'sql-gen-v1' AND \"worker.id\" = 'worker-3' AND status_code = 'ERROR' ORDER BY start_time DESC LIMIT 60",
+    ),
+    (
+        "T5 no answer (generate is never a server's child)",
+        r#"{ kind = server } > { name = "llm.generate" && duration > 3s }"#,
+        "SELECT trace_id, span_id FROM spans WHERE name = 'llm.generate' AND duration_ns > 3000000000 ORDER BY start_time DESC LIMIT 60",
+    ),
+    (
+        "T6 every span",
+        "{ }",
+        "SELECT trace_id, span_id FROM spans ORDER BY start_time DESC LIMIT 60",
     ),
 ];
 

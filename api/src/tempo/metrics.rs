@@ -1,4 +1,5 @@
-//! TraceQL metrics: `GET /api/metrics/query_range?q=&start=&end=&step=&exemplars=` →
+//! TraceQL metrics: `GET /api/metrics/query_range?q=&start=&end=&step=&exemplars=` (or
+//! `since=1h` for the range ending now; times in Unix seconds or nanoseconds) →
 //! `tempopb.QueryRangeResponse` and `GET /api/metrics/query?q=&start=&end=` →
 //! `tempopb.QueryInstantResponse`, in proto3 JSON (64-bit integers as strings).
 
@@ -36,7 +37,17 @@ fn params(raw: Option<&str>) -> Result<Params, TempoError> {
     let q = traceql::parse(q)?;
     let (start, end) = range(get("start"), get("end"), false)?;
     let end = end.unwrap_or_else(crate::time::now);
-    let start = start.unwrap_or(end.saturating_sub(3_600_000_000_000));
+    // `since=1h`: the range ending now (or at `end`), as Tempo takes it
+    let since = get("since")
+        .map(|v| {
+            traceql::parse::parse_duration(v).ok_or_else(|| {
+                TempoError::bad(format!(
+                    "invalid since {v:?}: expected a duration such as 1h"
+                ))
+            })
+        })
+        .transpose()?;
+    let start = start.unwrap_or(end.saturating_sub(since.unwrap_or(3_600_000_000_000)));
     let step = get("step")
         .map(|s| {
             // Tempo takes a duration (`60s`) or seconds

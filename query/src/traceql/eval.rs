@@ -181,21 +181,29 @@ pub async fn search(
         restrict: None,
         partial: false,
     };
-    let found = match &query.pipeline.source {
-        Spanset::Filter(filter) => e.newest_first(filter.as_ref(), &query.pipeline).await?,
-        _ => {
-            let groups = e.pipeline(&query.pipeline).await?;
-            let inspected_traces = groups.len();
-            let ids: Vec<String> = groups.keys().cloned().collect();
-            let mut summaries = e.summaries(&ids).await?;
-            e.found(&mut summaries, groups, inspected_traces)
-        }
-    };
+    let found = e
+        .newest_first(driver(&query.pipeline.source).as_ref(), &query.pipeline)
+        .await?;
     Ok(Found {
         inspected_spans: e.rows.len(),
         partial: e.partial,
         ..found
     })
+}
+
+/// A filter every trace the spanset matches has a span of (`None`: any span): the right-hand
+/// side of `&&` and of the structural operators (their answers are right-hand spans), either
+/// side of `||`.
+fn driver(s: &Spanset) -> Option<FieldExpr> {
+    match s {
+        Spanset::Filter(e) => e.clone(),
+        Spanset::Pipeline(p) => driver(&p.source),
+        Spanset::Binary(a, SetOp::Or, b) => match (driver(a), driver(b)) {
+            (Some(x), Some(y)) => Some(FieldExpr::Or(Box::new(x), Box::new(y))),
+            _ => None,
+        },
+        Spanset::Binary(_, _, b) => driver(b),
+    }
 }
 
 /// The attribute fields a query names (filters, aggregates, `by`, `select`), in order of first
@@ -303,6 +311,8 @@ impl Eval<'_, '_> {
                     // both sides must hold in a trace: read the side with fewer spans first,
                     // then the other only in the traces it found (trace-id index lookups)
                     let left_first = match (a.as_ref(), b.as_ref()) {
+                        // inside a few traces either order is cheap
+                        _ if self.restrict.is_some() => true,
                         (Spanset::Filter(ea), Spanset::Filter(eb)) => {
                             self.count(ea.as_ref()).await? <= self.count(eb.as_ref()).await?
                         }
@@ -373,8 +383,8 @@ impl Eval<'_, '_> {
         (join, conds.join(" AND "))
     }
 
-    /// A single-filter search, newest first without reading every match: the newest matching
-    /// spans name candidate traces (newest match first); each batch of candidates is then
+    /// A search, newest first without reading every match: the newest spans matching the
+    /// query's [`driver`] name candidate traces (newest match first); each batch of them is then
     /// evaluated exactly (the whole pipeline, in those traces only) and summarised, until the
     /// next candidate's newest match is older than the `limit`-th trace's start (a trace
     /// starts no later than any of its spans, so no later candidate can enter). When the
@@ -408,7 +418,13 @@ impl Eval<'_, '_> {
             let mut groups = Groups::new();
             let mut exact = false;
             let mut evaluated = 0;
-            for chunk in candidates.chunks((limit * 2).max(16)) {
+            // batches grow: most pages fill from the first, a rare match needs many traces
+            let mut size = (limit * 2).max(16);
+            let mut rest = candidates.as_slice();
+            while !rest.is_empty() {
+                let (chunk, tail) = rest.split_at(size.min(rest.len()));
+                rest = tail;
+                size = (size * 2).min(RESTRICT_MAX);
                 if summaries.len() >= limit && chunk[0].0 < summaries[limit - 1].start {
                     exact = true;
                     break;
