@@ -383,12 +383,12 @@ impl Eval<'_, '_> {
         (join, conds.join(" AND "))
     }
 
-    /// A search, newest first without reading every match: the newest spans matching the
-    /// query's [`driver`] name candidate traces (newest match first); each batch of them is then
-    /// evaluated exactly (the whole pipeline, in those traces only) and summarised, until the
-    /// next candidate's newest match is older than the `limit`-th trace's start (a trace
-    /// starts no later than any of its spans, so no later candidate can enter). When the
-    /// candidates run out first, more of the newest matches are read.
+    /// A search, newest first without reading every match: the newest `k` spans matching the
+    /// query's [`driver`] name the candidate traces; summarised (from the trace-id index) and
+    /// taken newest start first, they are evaluated exactly (the whole pipeline, in those
+    /// traces only) in growing batches until a page qualifies. A trace that is not a candidate
+    /// has all its matches at or before the oldest span read, so it starts no later: the page
+    /// is exact once its last trace starts after that; otherwise `k` grows.
     async fn newest_first(
         &mut self,
         filter: Option<&FieldExpr>,
@@ -401,49 +401,49 @@ impl Eval<'_, '_> {
             let rows = self
                 .run
                 .sql(&format!(
-                    "SELECT trace_id, CAST(max(st) AS BIGINT), count(*) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {k}) m GROUP BY trace_id"
+                    "SELECT trace_id, count(*), CAST(min(st) AS BIGINT) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {k}) m GROUP BY trace_id"
                 ))
                 .await
                 .map_err(TraceQlError::from)?;
-            let (ids, newest, counts) = (rows.strings(0), rows.i64(1), rows.i64(2));
-            let read: i64 = counts.iter().flatten().sum();
+            let read: i64 = rows.i64(1).iter().flatten().sum();
             let capped = read as usize >= k;
-            let mut candidates: Vec<(i64, String)> = ids
-                .into_iter()
-                .zip(newest)
-                .filter_map(|(id, t)| Some((t?, id?)))
-                .collect();
-            candidates.sort_unstable_by(|a, b| b.cmp(a));
-            let mut summaries: Vec<Summary> = Vec::new();
+            // every trace not among the candidates has its matches at or before this
+            let cutoff = rows.i64(2).into_iter().flatten().min().unwrap_or(i64::MIN);
+            let ids: Vec<String> = rows.strings(0).into_iter().flatten().collect();
+            if ids.len() > RESTRICT_MAX {
+                // too many traces to look up one by one: evaluate the query once over all
+                let groups = self.pipeline(pipeline).await?;
+                let ids: Vec<String> = groups.keys().cloned().collect();
+                let mut summaries = self.summaries(&ids).await?;
+                return Ok(self.found(&mut summaries, groups, ids.len()));
+            }
+            // candidates newest start first; evaluated exactly in growing batches until a
+            // page of them qualifies
+            let mut candidates = self.summaries(&ids).await?;
+            candidates.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
+            let mut kept: Vec<Summary> = Vec::new();
             let mut groups = Groups::new();
-            let mut exact = false;
             let mut evaluated = 0;
-            // batches grow: most pages fill from the first, a rare match needs many traces
             let mut size = (limit * 2).max(16);
-            let mut rest = candidates.as_slice();
-            while !rest.is_empty() {
-                let (chunk, tail) = rest.split_at(size.min(rest.len()));
-                rest = tail;
+            let mut rest = candidates;
+            while kept.len() < limit && !rest.is_empty() {
+                let tail = rest.split_off(size.min(rest.len()));
+                let chunk = std::mem::replace(&mut rest, tail);
                 size = (size * 2).min(RESTRICT_MAX);
-                if summaries.len() >= limit && chunk[0].0 < summaries[limit - 1].start {
-                    exact = true;
-                    break;
-                }
-                self.restrict = Some(chunk.iter().map(|(_, id)| id.clone()).collect());
+                self.restrict = Some(chunk.iter().map(|s| s.trace.clone()).collect());
                 let found = self.pipeline(pipeline).await;
                 self.restrict = None;
                 let found = found?;
                 evaluated += chunk.len();
-                let ids: Vec<String> = found.keys().cloned().collect();
-                summaries.extend(self.summaries(&ids).await?);
-                summaries.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
+                kept.extend(chunk.into_iter().filter(|s| found.contains_key(&s.trace)));
                 groups.extend(found);
             }
-            if exact || !capped || k >= self.opts.max_spans {
-                if !exact && capped {
+            let exact = !capped || (kept.len() >= limit && kept[limit - 1].start > cutoff);
+            if exact || k >= self.opts.max_spans {
+                if !exact {
                     self.partial = true;
                 }
-                return Ok(self.found(&mut summaries, groups, evaluated));
+                return Ok(self.found(&mut kept, groups, evaluated));
             }
             k = (k * 8).min(self.opts.max_spans);
         }
