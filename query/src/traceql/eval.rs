@@ -396,17 +396,28 @@ impl Eval<'_, '_> {
     ) -> Result<Found, TraceQlError> {
         let limit = self.opts.limit.max(1);
         let mut k = (limit * 16).max(256).min(self.opts.max_spans);
+        // after a first round: every match since this start (the page's last trace's)
+        let mut since: Option<i64> = None;
+        // traces evaluated in an earlier round, and whether they qualified
+        let mut done: HashMap<String, Option<Vec<Group>>> = HashMap::new();
+        let mut evaluated = 0;
         loop {
-            let (join, conds) = self.conditions(filter, None);
+            let bound = since.map(|t| format!("s.start_time >= {}", ts_ns(t)));
+            let (join, conds) = self.conditions(filter, bound.as_deref());
+            let cap = if since.is_some() {
+                self.opts.max_spans
+            } else {
+                k
+            };
             let rows = self
                 .run
                 .sql(&format!(
-                    "SELECT trace_id, count(*), CAST(min(st) AS BIGINT) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {k}) m GROUP BY trace_id"
+                    "SELECT trace_id, count(*), CAST(min(st) AS BIGINT) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {cap}) m GROUP BY trace_id"
                 ))
                 .await
                 .map_err(TraceQlError::from)?;
             let read: i64 = rows.i64(1).iter().flatten().sum();
-            let capped = read as usize >= k;
+            let capped = read as usize >= cap;
             // every trace not among the candidates has its matches at or before this
             let cutoff = rows.i64(2).into_iter().flatten().min().unwrap_or(i64::MIN);
             let ids: Vec<String> = rows.strings(0).into_iter().flatten().collect();
@@ -422,30 +433,48 @@ impl Eval<'_, '_> {
             let mut candidates = self.summaries(&ids).await?;
             candidates.sort_unstable_by(|a, b| (b.start, &b.trace).cmp(&(a.start, &a.trace)));
             let mut kept: Vec<Summary> = Vec::new();
-            let mut groups = Groups::new();
-            let mut evaluated = 0;
             let mut size = (limit * 2).max(16);
             let mut rest = candidates;
             while kept.len() < limit && !rest.is_empty() {
                 let tail = rest.split_off(size.min(rest.len()));
                 let chunk = std::mem::replace(&mut rest, tail);
                 size = (size * 2).min(RESTRICT_MAX);
-                self.restrict = Some(chunk.iter().map(|s| s.trace.clone()).collect());
-                let found = self.pipeline(pipeline).await;
-                self.restrict = None;
-                let found = found?;
-                evaluated += chunk.len();
-                kept.extend(chunk.into_iter().filter(|s| found.contains_key(&s.trace)));
-                groups.extend(found);
+                let new: Vec<String> = chunk
+                    .iter()
+                    .filter(|s| !done.contains_key(&s.trace))
+                    .map(|s| s.trace.clone())
+                    .collect();
+                if !new.is_empty() {
+                    evaluated += new.len();
+                    self.restrict = Some(new.clone());
+                    let found = self.pipeline(pipeline).await;
+                    self.restrict = None;
+                    let mut found = found?;
+                    for t in new {
+                        let g = found.remove(&t);
+                        done.insert(t, g);
+                    }
+                }
+                kept.extend(chunk.into_iter().filter(|s| done[&s.trace].is_some()));
             }
             let exact = !capped || (kept.len() >= limit && kept[limit - 1].start > cutoff);
-            if exact || k >= self.opts.max_spans {
+            if exact || (since.is_some() || k >= self.opts.max_spans) {
                 if !exact {
                     self.partial = true;
                 }
+                kept.truncate(limit);
+                let groups: Groups = kept
+                    .iter()
+                    .filter_map(|s| Some((s.trace.clone(), done.get_mut(&s.trace)?.take()?)))
+                    .collect();
                 return Ok(self.found(&mut kept, groups, evaluated));
             }
-            k = (k * 8).min(self.opts.max_spans);
+            if kept.len() >= limit {
+                // read back to the page's last trace start: then the page is exact
+                since = Some(kept[limit - 1].start);
+            } else {
+                k = (k * 8).min(self.opts.max_spans);
+            }
         }
     }
 
@@ -891,6 +920,11 @@ impl Eval<'_, '_> {
             attributes: g.labels,
         }
     }
+}
+
+/// A Unix-ns time as an SQL timestamp literal.
+fn ts_ns(t: i64) -> String {
+    crate::analytics::params::ts(t.max(0) as u64)
 }
 
 struct Summary {
