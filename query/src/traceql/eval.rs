@@ -472,6 +472,9 @@ impl Eval<'_, '_> {
             if kept.len() >= limit {
                 // read back to the page's last trace start: then the page is exact
                 since = Some(kept[limit - 1].start);
+            } else if kept.is_empty() {
+                // nothing qualified: a rare answer, read every match at once
+                k = self.opts.max_spans;
             } else {
                 k = (k * 8).min(self.opts.max_spans);
             }
