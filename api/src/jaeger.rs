@@ -254,11 +254,14 @@ async fn find_traces(
     let micros = |k: &str| -> Result<Option<u64>, JaegerError> {
         get(k)
             .map(|v| {
-                v.parse::<u64>().map(|us| us * 1000).map_err(|_| {
-                    JaegerError::bad(format!(
-                        "cannot parse {k} {v:?}: expected Unix microseconds"
-                    ))
-                })
+                v.parse::<u64>()
+                    .ok()
+                    .and_then(|us| us.checked_mul(1000))
+                    .ok_or_else(|| {
+                        JaegerError::bad(format!(
+                            "cannot parse {k} {v:?}: expected Unix microseconds"
+                        ))
+                    })
             })
             .transpose()
     };
@@ -285,7 +288,7 @@ async fn find_traces(
     let query = traceql::parse(&format!("{{ {} }}", conds.join(" && ")))?;
     let opts = SearchOptions {
         start,
-        end: end.map(|e| e + 1),
+        end: end.map(|e| e.saturating_add(1)),
         limit,
         spss: 1,
         ..Default::default()
@@ -360,9 +363,11 @@ async fn dependencies(
             .transpose()
     };
     let end = ms("endTs")?
-        .map(|e| e * 1_000_000)
+        .map(|e| e.saturating_mul(1_000_000))
         .unwrap_or_else(crate::time::now);
-    let lookback = ms("lookback")?.unwrap_or(86_400_000) * 1_000_000;
+    let lookback = ms("lookback")?
+        .unwrap_or(86_400_000)
+        .saturating_mul(1_000_000);
     let start = end.saturating_sub(lookback);
     let cols = column(
         &state,

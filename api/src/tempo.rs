@@ -145,7 +145,7 @@ pub fn range(
         // Tempo's end is a whole second, inclusive
         .map(|e| {
             if whole_second_inclusive && e % 1_000_000_000 == 0 {
-                e + 1_000_000_000
+                e.saturating_add(1_000_000_000)
             } else {
                 e
             }

@@ -86,7 +86,7 @@ pub async fn query_range(
     // Tempo's default step: the range in about 100 steps, at least a second
     let step = p
         .step
-        .unwrap_or_else(|| ((p.end - p.start) / 100).max(1_000_000_000));
+        .unwrap_or_else(|| (p.end.saturating_sub(p.start) / 100).max(1_000_000_000));
     let opts = RangeOptions {
         start: p.start - p.start % step,
         end: p.end,

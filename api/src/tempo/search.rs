@@ -223,3 +223,24 @@ mod tests {
         assert!(legacy_query(None, Some("fast"), None).is_err());
     }
 }
+
+#[cfg(test)]
+mod no_panics {
+    use proptest::prelude::*;
+
+    use super::legacy_query;
+    use crate::tempo::{range, tempo_time, trace_id};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn tempo_parameters_never_panic(a in "\\PC{0,40}", b in "[0-9.eE+-]{0,30}", c in "\\PC{0,12}") {
+            let _ = legacy_query(Some(&a), Some(&c), Some(&b));
+            let _ = tempo_time("start", &b);
+            let _ = range(Some(&b), Some(&b), true);
+            let _ = range(Some(&a), Some(&c), false);
+            let _ = trace_id(&a);
+        }
+    }
+}

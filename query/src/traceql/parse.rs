@@ -209,7 +209,16 @@ struct Parser<'a> {
     text: &'a str,
     toks: Vec<Lexed>,
     pos: usize,
+    /// Parentheses, negations and pipelines open now.
+    depth: usize,
+    /// Comparisons, spansets and stages read so far.
+    nodes: usize,
 }
+
+/// How deeply parentheses and negations may nest (the parser recurses once per level).
+const MAX_DEPTH: usize = 64;
+/// Comparisons, spansets and stages in one query (each becomes SQL, evaluated recursively).
+const MAX_NODES: usize = 512;
 
 /// Parses a whole query.
 pub fn parse(text: &str) -> Result<Query, TraceQlError> {
@@ -217,6 +226,8 @@ pub fn parse(text: &str) -> Result<Query, TraceQlError> {
         text,
         toks: lex(text)?,
         pos: 0,
+        depth: 0,
+        nodes: 0,
     };
     if p.toks.is_empty() {
         return Err(TraceQlError::at(0, "empty query (try `{ }`)"));
@@ -243,6 +254,30 @@ impl Parser<'_> {
             .get(self.pos)
             .map(|t| t.at)
             .unwrap_or(self.text.len())
+    }
+
+    /// Enters one more nesting level, or refuses a query nested too deeply.
+    fn enter(&mut self) -> Result<(), TraceQlError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(TraceQlError::at(
+                self.at(),
+                format!("nested more than {MAX_DEPTH} levels deep"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Counts one more comparison or spanset, or refuses a query with too many.
+    fn node(&mut self) -> Result<(), TraceQlError> {
+        self.nodes += 1;
+        if self.nodes > MAX_NODES {
+            return Err(TraceQlError::at(
+                self.at(),
+                format!("more than {MAX_NODES} conditions, spansets and stages in one query"),
+            ));
+        }
+        Ok(())
     }
 
     fn eat(&mut self, t: &Tok) -> bool {
@@ -369,12 +404,15 @@ impl Parser<'_> {
         match self.peek() {
             Some(Tok::LBrace) => {
                 self.pos += 1;
+                self.node()?;
                 let expr = self.filter_body()?;
                 Ok(Spanset::Filter(expr))
             }
             Some(Tok::LParen) => {
                 self.pos += 1;
+                self.enter()?;
                 let q = self.query()?;
+                self.depth -= 1;
                 self.expect(Tok::RParen, "`)`")?;
                 if q.metrics.is_some() {
                     return Err(TraceQlError::at(
@@ -422,11 +460,15 @@ impl Parser<'_> {
 
     fn field_term(&mut self) -> Result<FieldExpr, TraceQlError> {
         if self.eat(&Tok::Bang) {
+            self.enter()?;
             let inner = self.field_term()?;
+            self.depth -= 1;
             return Ok(FieldExpr::Not(Box::new(inner)));
         }
         if self.eat(&Tok::LParen) {
+            self.enter()?;
             let e = self.field_or()?;
+            self.depth -= 1;
             self.expect(Tok::RParen, "`)`")?;
             return Ok(e);
         }
@@ -442,6 +484,7 @@ impl Parser<'_> {
             return Ok(FieldExpr::Const(v));
         }
         let at = self.at();
+        self.node()?;
         let field = self.field()?;
         let op = match self.peek() {
             Some(Tok::Eq) => CmpOp::Eq,
@@ -544,6 +587,7 @@ impl Parser<'_> {
 
     /// A stage after `|`: a pipeline stage, or (`Err`) a metrics function.
     fn stage(&mut self) -> Result<Result<Stage, MetricsStage>, TraceQlError> {
+        self.node()?;
         if self.eat(&Tok::LBrace) {
             return Ok(Ok(Stage::Filter(self.filter_body()?)));
         }

@@ -82,8 +82,90 @@ fn errors_name_the_unsupported_part() {
         ("", "empty"),
         ("{ name = \"x\" } | rate() | count() > 1", "last stage"),
         ("{ } | quantile_over_time(duration, 2)", "between 0 and 1"),
+        (
+            &format!("{}{{ }}{}", "(".repeat(100_000), ")".repeat(100_000)),
+            "nested",
+        ),
+        (
+            &format!("{{ {}name = \"x\" }}", "!".repeat(100_000)),
+            "nested",
+        ),
+        (
+            &format!("{{ {} }}", vec!["name = \"x\""; 100_000].join(" && ")),
+            "conditions",
+        ),
+        (&vec!["{ }"; 100_000].join(" && "), "spansets"),
+        (&format!("{{ }}{}", " | { }".repeat(100_000)), "stages"),
     ] {
         let e = parse(q).unwrap_err().to_string();
         assert!(e.contains(part), "{q}: {e}");
+    }
+}
+
+mod no_panics {
+    use proptest::prelude::*;
+
+    use super::super::parse;
+    use super::super::parse::parse_duration;
+
+    /// Text made of TraceQL's own pieces, so that most inputs get deep into the parser.
+    fn traceql_like() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("{".to_string()),
+            Just("}".to_string()),
+            Just("(".to_string()),
+            Just(")".to_string()),
+            Just("|".to_string()),
+            Just(",".to_string()),
+            Just("&&".to_string()),
+            Just("||".to_string()),
+            Just("!".to_string()),
+            Just(">>".to_string()),
+            Just("<<".to_string()),
+            Just("~".to_string()),
+            Just("=~".to_string()),
+            Just("!=".to_string()),
+            Just(">=".to_string()),
+            Just("=".to_string()),
+            Just("<".to_string()),
+            Just("\"".to_string()),
+            Just("`".to_string()),
+            Just("\\".to_string()),
+            Just("span.".to_string()),
+            Just("resource.".to_string()),
+            Just(".".to_string()),
+            Just("duration".to_string()),
+            Just("status".to_string()),
+            Just("trace:rootService".to_string()),
+            Just("error".to_string()),
+            Just("nil".to_string()),
+            Just("count()".to_string()),
+            Just("avg".to_string()),
+            Just("by".to_string()),
+            Just("select".to_string()),
+            Just("rate()".to_string()),
+            Just("quantile_over_time".to_string()),
+            Just("with".to_string()),
+            Just("µs".to_string()),
+            "[0-9]{1,25}(\\.[0-9]{0,5})?(ns|us|ms|s|m|h|µs)?",
+            "\\PC{0,4}",
+            " ",
+        ];
+        prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn the_parser_never_panics(q in traceql_like()) {
+            let _ = parse(&q);
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(q in "\\PC{0,64}") {
+            let _ = parse(&q);
+            let _ = parse_duration(&q);
+        }
     }
 }
