@@ -124,6 +124,15 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or weft=debug [default: info].
     #[arg(long, env = "WEFT_LOG")]
     pub log: Option<String>,
+    /// Tokens (TOML: `[[token]]` with `sha256`, `tenant`, `scopes`) every request must carry;
+    /// re-read on SIGHUP. Without it, every request is accepted and Weft listens on loopback
+    /// addresses only.
+    #[arg(long, env = "WEFT_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Listen on non-loopback addresses without an auth file (anyone who reaches a port reads
+    /// and writes every tenant).
+    #[arg(long, env = "WEFT_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
 }
 
 /// The TOML file: the same keys as the flags, all optional.
@@ -166,6 +175,8 @@ struct FileConfig {
     #[serde(default)]
     context_windows: BTreeMap<String, u64>,
     log: Option<String>,
+    auth_file: Option<PathBuf>,
+    insecure_no_auth: Option<bool>,
 }
 
 /// The validated configuration.
@@ -187,6 +198,10 @@ pub struct Config {
     /// Whether the server runs the GPU collector, and how often it samples.
     pub gpu: bool,
     pub gpu_interval: Duration,
+    /// The auth file, when requests must carry tokens.
+    pub auth_file: Option<PathBuf>,
+    /// Listen beyond loopback without an auth file.
+    pub insecure_no_auth: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -402,6 +417,8 @@ impl Config {
             });
         }
         Ok(Self {
+            auth_file: args.auth_file.or(file.auth_file),
+            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
             gpu: args.gpu || file.gpu.unwrap_or(false),
             gpu_interval,
             span_metrics_interval,

@@ -7,6 +7,7 @@
 //! `weft-storage` to sockets, and maps their errors to statuses in one place (`error`).
 
 pub mod analytics;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod gpu;

@@ -30,6 +30,23 @@ enum Command {
     /// Sample this host's NVIDIA GPUs through NVML and send the points (and XID events) to a
     /// Weft server over OTLP/HTTP; exits non-zero when no NVIDIA driver or library is found.
     GpuAgent(GpuAgentArgs),
+    /// Tokens for the auth file (`--auth-file`).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Print a fresh token, and the lines that add it to the auth file (which keeps only its
+    /// SHA-256); send SIGHUP to a running server to read the file again.
+    New {
+        /// The tenant the token may read or write; `*` for every tenant (an admin token).
+        #[arg(long)]
+        tenant: String,
+        /// What the token may do: read, write, or both.
+        #[arg(long, value_delimiter = ',', default_value = "read,write")]
+        scopes: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,6 +93,12 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Serve(args)) => (args, false),
         Some(Command::Reindex(args)) => (args, true),
         Some(Command::GpuAgent(args)) => return gpu_agent(args),
+        Some(Command::Token(TokenCommand::New { tenant, scopes })) => {
+            let (token, lines) =
+                weft_api::auth::new_token(&tenant, &scopes).map_err(anyhow::Error::msg)?;
+            println!("token: {token}\n\n# add to the auth file:\n{lines}");
+            return Ok(());
+        }
         None => (ServeArgs::parse_from_env(), false),
     };
     let config = Config::load(args)?;

@@ -14,6 +14,7 @@ use axum::routing::get;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 use weft_ingest::Ingester;
 use weft_query::sql::SqlEngine;
 use weft_storage::Store;
@@ -21,7 +22,7 @@ use weft_storage::Store;
 use crate::config::Config;
 use crate::metrics::{self, RequestMetrics};
 use crate::state::{AppState, SharedState};
-use crate::{analytics, jaeger, logs, otlp, prometheus, sql, tempo, traces};
+use crate::{analytics, auth, jaeger, logs, otlp, prometheus, sql, tempo, traces};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -40,6 +41,12 @@ pub enum ServeError {
     Server { what: &'static str, detail: String },
     #[error("final flush failed: {0}")]
     Close(weft_storage::StorageError),
+    #[error("{0}")]
+    Auth(String),
+    #[error(
+        "refusing to listen on {0} without an auth file: give --auth-file FILE, or --insecure-no-auth to let anyone who reaches the port read and write every tenant"
+    )]
+    Insecure(SocketAddr),
 }
 
 /// The query port: health, metrics, the native API and the UI.
@@ -58,6 +65,10 @@ pub fn api_router(state: SharedState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track_latency,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), auth::Scope::Read),
+            auth::http,
         ))
         .with_state(state)
 }
@@ -94,6 +105,29 @@ async fn wait_for_signal() {
 
 pub async fn run(config: Config) -> Result<(), ServeError> {
     let started = Instant::now();
+    let auth = match &config.auth_file {
+        Some(path) => Some(Arc::new(auth::Auth::load(path).map_err(ServeError::Auth)?)),
+        None => {
+            let open = [
+                config.otlp_grpc_listen,
+                config.otlp_http_listen,
+                config.http_listen,
+                config.pg_listen,
+            ]
+            .into_iter()
+            .find(|a| !a.ip().is_loopback());
+            match open {
+                Some(addr) if !config.insecure_no_auth => return Err(ServeError::Insecure(addr)),
+                Some(addr) => {
+                    tracing::warn!(%addr, "no auth file: every request is accepted, on a non-loopback address (--insecure-no-auth)")
+                }
+                None => tracing::info!(
+                    "no auth file: every request is accepted (loopback addresses only)"
+                ),
+            }
+            None
+        }
+    };
     let path = config.data_dir.clone();
     let opts = config.store.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&path, opts))
@@ -115,6 +149,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         ingester,
         requests: RequestMetrics::default(),
         sql: SqlEngine::new(store.clone(), config.sql.clone()),
+        auth: auth.clone(),
     });
 
     let grpc_listener = bind(config.otlp_grpc_listen, "OTLP/gRPC").await?;
@@ -125,10 +160,20 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let background = store.start_background();
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let grpc_auth = auth::GrpcAuth(auth.clone());
     let grpc = tonic::transport::Server::builder()
-        .add_service(otlp::grpc::service(state.clone()))
-        .add_service(otlp::grpc::logs_service(state.clone()))
-        .add_service(otlp::grpc::metrics_service(state.clone()))
+        .add_service(InterceptedService::new(
+            otlp::grpc::service(state.clone()),
+            grpc_auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            otlp::grpc::logs_service(state.clone()),
+            grpc_auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            otlp::grpc::metrics_service(state.clone()),
+            grpc_auth,
+        ))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener),
             shutdown_signal(stop_rx.clone()),
@@ -140,11 +185,36 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     };
     let otlp_http = axum::serve(
         http_listener.tap_io(nodelay),
-        otlp::http::router(state.clone()),
+        otlp::http::router(state.clone()).route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), auth::Scope::Write),
+            auth::http,
+        )),
     )
     .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
     let api = axum::serve(api_listener.tap_io(nodelay), api_router(state.clone()))
         .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
+    if let Some(auth) = auth.clone() {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            {
+                let Ok(mut hup) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                else {
+                    return;
+                };
+                loop {
+                    tokio::select! {
+                        _ = hup.recv() => match auth.reload() {
+                            Ok(n) => tracing::info!(tokens = n, "auth file read again"),
+                            Err(e) => tracing::error!(error = %e, "auth file not read again; the tokens in force stay"),
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+            }
+        });
+    }
     let pg = sql::pg::serve(
         pg_listener,
         state.clone(),

@@ -18,6 +18,8 @@ pub struct AppState {
     pub ingester: Arc<Ingester>,
     pub requests: RequestMetrics,
     pub sql: SqlEngine,
+    /// The tokens requests must carry (`--auth-file`); `None` accepts every request.
+    pub auth: Option<Arc<crate::auth::Auth>>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -76,6 +78,7 @@ pub fn test_state(dir: &std::path::Path) -> SharedState {
         ingester: Arc::new(Ingester::new(store.clone(), Default::default())),
         requests: RequestMetrics::default(),
         sql: SqlEngine::new(store.clone(), Default::default()),
+        auth: None,
         store,
     })
 }

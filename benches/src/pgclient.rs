@@ -11,6 +11,16 @@ pub struct PgClient {
 
 impl PgClient {
     pub async fn connect(addr: &str, database: &str) -> anyhow::Result<Self> {
+        Self::connect_with(addr, database, None).await
+    }
+
+    /// Connects, answering a cleartext password request with `password` (a token); a refusal
+    /// says its SQLSTATE first (`28P01: …`).
+    pub async fn connect_with(
+        addr: &str,
+        database: &str,
+        password: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let stream = TcpStream::connect(addr)
             .await
             .with_context(|| format!("connect {addr}"))?;
@@ -34,7 +44,15 @@ impl PgClient {
             let (tag, payload) = c.read_message().await?;
             match tag {
                 b'R' if payload.get(..4) == Some(&[0, 0, 0, 0]) => {}
-                b'R' => bail!("the server asks for a password; the benchmark connects without one"),
+                b'R' if payload.get(..4) == Some(&[0, 0, 0, 3]) && password.is_some() => {
+                    let pw = password.unwrap_or_default();
+                    let mut msg = vec![b'p'];
+                    msg.extend_from_slice(&((pw.len() + 5) as i32).to_be_bytes());
+                    msg.extend_from_slice(pw.as_bytes());
+                    msg.push(0);
+                    c.stream.get_mut().write_all(&msg).await?;
+                }
+                b'R' => bail!("the server asks for a password this client cannot give"),
                 b'E' => bail!("start-up refused: {}", error_text(&payload)),
                 b'Z' => return Ok(c),
                 _ => {}
@@ -76,10 +94,16 @@ impl PgClient {
 }
 
 fn error_text(payload: &[u8]) -> String {
-    payload
-        .split(|b| *b == 0)
-        .filter(|f| f.first() == Some(&b'M'))
-        .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
-        .next()
-        .unwrap_or_else(|| "unknown error".into())
+    let field = |tag: u8| {
+        payload
+            .split(|b| *b == 0)
+            .filter(|f| f.first() == Some(&tag))
+            .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+            .next()
+    };
+    let message = field(b'M').unwrap_or_else(|| "unknown error".into());
+    match field(b'C') {
+        Some(code) => format!("{code}: {message}"),
+        None => message,
+    }
 }

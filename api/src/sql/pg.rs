@@ -6,7 +6,10 @@
 //! - Simple and extended query protocols; text and binary results with PostgreSQL's type OIDs.
 //! - Only reads: `BEGIN`/`COMMIT`/`ROLLBACK`, `SET` and `DISCARD` are accepted as no-ops so
 //!   that drivers can run their usual session set-up; everything else that writes is refused.
-//! - With `--pg-password`, clients authenticate with md5; otherwise any user is accepted.
+//! - With `--auth-file`, the password is a token (sent in clear: use TLS beyond loopback) that
+//!   must be allowed to read the database's tenant (28P01 for no or an unknown token, 42501 for
+//!   another tenant's or one without the read scope). Else with `--pg-password`, clients
+//!   authenticate with md5; otherwise any user is accepted.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -19,6 +22,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::common::ScalarValue;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Sink, Stream, StreamExt};
+use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
 use pgwire::api::auth::md5pass::{Md5PasswordAuthStartupHandler, hash_md5_password};
 use pgwire::api::auth::{
     AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
@@ -49,12 +53,16 @@ pub async fn serve(
     password: Option<String>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let auth = state.auth.clone();
     let handlers = Arc::new(Handlers {
         backend: Arc::new(Backend {
             state: state.clone(),
             parser: Arc::new(Parser { state }),
         }),
         startup: Arc::new(Startup {
+            tokens: auth.map(|a| {
+                CleartextPasswordAuthStartupHandler::new(TokenSource(a), server_parameters())
+            }),
             md5: password.map(|p| {
                 Md5PasswordAuthStartupHandler::new(
                     Arc::new(Secret(p)),
@@ -128,7 +136,48 @@ impl AuthSource for Secret {
     }
 }
 
+/// Tokens of the auth file as PostgreSQL passwords.
+#[derive(Debug)]
+struct TokenSource(Arc<crate::auth::Auth>);
+
+#[async_trait]
+impl AuthSource for TokenSource {
+    async fn get_password(&self, _login: &LoginInfo) -> PgWireResult<Password> {
+        // never asked: tokens are verified by `verify_password`, from their hashes
+        Err(user_error(
+            "FATAL",
+            "28000",
+            "tokens are verified, not read back".into(),
+        ))
+    }
+
+    async fn verify_password(
+        &self,
+        login: &LoginInfo,
+        presented: &[u8],
+    ) -> PgWireResult<Option<()>> {
+        let token = std::str::from_utf8(presented).unwrap_or("");
+        let tenant =
+            tenant_of_database(login.database()).map_err(|e| user_error("FATAL", "3D000", e))?;
+        match self.0.authorize(
+            Some(token),
+            Some(tenant.as_str()),
+            Some(crate::auth::Scope::Read),
+        ) {
+            Ok(_) => Ok(None),
+            Err(crate::auth::Denied::Unauthenticated(_)) => Err(PgWireError::InvalidPassword(
+                login.user().unwrap_or_default().to_owned(),
+            )),
+            Err(crate::auth::Denied::Forbidden(m)) => Err(user_error("FATAL", "42501", m)),
+        }
+    }
+}
+
+type TokenStartup =
+    CleartextPasswordAuthStartupHandler<TokenSource, DefaultServerParameterProvider>;
+
 struct Startup {
+    tokens: Option<TokenStartup>,
     md5: Option<Md5PasswordAuthStartupHandler<Secret, DefaultServerParameterProvider>>,
 }
 
@@ -166,6 +215,9 @@ impl StartupHandler for Startup {
                 tenant_of_database(startup.parameters.get("database").map(String::as_str))
         {
             return Err(user_error("FATAL", "3D000", e));
+        }
+        if let Some(tokens) = &self.tokens {
+            return tokens.on_startup(client, message).await;
         }
         if let Some(md5) = &self.md5 {
             return md5.on_startup(client, message).await;

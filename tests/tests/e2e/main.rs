@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `weft` binary, real OTLP clients, real HTTP reads.
 
 mod analytics;
+mod auth;
 mod common;
 mod crash;
 mod gpu;
