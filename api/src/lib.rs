@@ -22,3 +22,6 @@ pub mod state;
 pub mod tempo;
 pub mod time;
 pub mod traces;
+
+#[cfg(test)]
+mod fuzz;

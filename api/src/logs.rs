@@ -2,7 +2,7 @@
 //! newest first, cursor paging) and `GET /api/v1/traces/{trace_id}/logs` (a trace's records,
 //! oldest first). Both answer `{"logs": [...]}`, one object per record.
 
-mod search;
+pub(crate) mod search;
 
 use axum::Router;
 use axum::routing::get;

@@ -14,5 +14,8 @@ pub mod pipeline;
 pub mod redact;
 pub mod semantic;
 
+#[cfg(test)]
+mod fuzz;
+
 pub use error::IngestError;
 pub use pipeline::{ExportOutcome, Format, Ingester, Limits, RejectReason};
