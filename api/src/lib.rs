@@ -13,6 +13,7 @@ pub mod error;
 pub mod gpu;
 pub mod jaeger;
 pub mod logs;
+pub mod loki;
 pub mod metrics;
 pub mod otlp;
 pub mod prometheus;

@@ -22,7 +22,7 @@ use weft_storage::Store;
 use crate::config::Config;
 use crate::metrics::{self, RequestMetrics};
 use crate::state::{AppState, SharedState};
-use crate::{analytics, auth, jaeger, logs, otlp, prometheus, sql, tempo, traces};
+use crate::{analytics, auth, jaeger, logs, loki, otlp, prometheus, sql, tempo, traces};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -61,6 +61,7 @@ pub fn api_router(state: SharedState) -> Router {
         .merge(analytics::router())
         .merge(tempo::router())
         .merge(jaeger::router())
+        .merge(loki::router())
         .merge(sql::http::router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -7,6 +7,7 @@
 use prost::Message;
 use serde_json::Value;
 use weft_bench::generator::{GenConfig, batches};
+use weft_bench::logs::{LogConfig, log_batches};
 use weft_bench::metrics::{MetricConfig, metric_batches};
 use weft_bench::pgclient::PgClient;
 use weft_tests::Weft;
@@ -58,6 +59,130 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
+async fn sql(c: &Client, w: &Weft, query: &str) -> Vec<Value> {
+    let r = c
+        .post(
+            &format!("{}/api/v1/sql", w.http),
+            &[("content-type", "application/json")],
+            serde_json::json!({ "query": query }).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{query}: {}", r.text());
+    r.json().unwrap()["rows"].as_array().unwrap().clone()
+}
+
+/// The Loki data source: health check, labels, values, log queries as Grafana sends them
+/// (nanosecond `start`/`end`, `limit`, `direction`), and the trace-to-logs query the Tempo
+/// data source is provisioned with.
+async fn loki(c: &Client, w: &Weft, datasources: &str) {
+    let get = |path: String| async move {
+        let r = c.get(&format!("{}/loki{path}", w.http), &[]).await.unwrap();
+        (r.status.as_u16(), r.json().unwrap_or(Value::Null), r.text())
+    };
+    let (s, health, _) = get("/api/v1/query?query=vector(1)%2Bvector(1)".into()).await;
+    assert_eq!(s, 200);
+    assert_eq!(health["data"]["result"][0]["value"][1], "2", "{health}");
+    let (_, labels, _) = get("/api/v1/labels".into()).await;
+    let labels: Vec<&str> = labels["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        labels.contains(&"service_name") && labels.contains(&"trace_id"),
+        "{labels:?}"
+    );
+    let (_, services, _) = get("/api/v1/label/service_name/values".into()).await;
+    let service = services["data"][0].as_str().unwrap().to_owned();
+    let range = format!("start={FROM_S}000000000&end={}000000000", FROM_S + 3600);
+    let count = |q: String| async move { sql(c, w, &q).await[0][0].as_u64().unwrap() };
+    // a service's newest records, newest first, at most `limit`
+    let (s, body, text) = get(format!(
+        "/api/v1/query_range?query={}&{range}&limit=50&direction=backward",
+        encode(&format!("{{service_name=\"{service}\"}}"))
+    ))
+    .await;
+    assert_eq!(s, 200, "{text}");
+    assert_eq!(body["data"]["resultType"], "streams");
+    let mut times: Vec<u64> = Vec::new();
+    for stream in body["data"]["result"].as_array().unwrap() {
+        assert_eq!(stream["stream"]["service_name"], service.as_str());
+        for v in stream["values"].as_array().unwrap() {
+            times.push(v[0].as_str().unwrap().parse().unwrap());
+            assert!(v[1].is_string());
+        }
+    }
+    let want = count(format!(
+        "SELECT count(*) FROM logs WHERE service_name = '{service}'"
+    ))
+    .await;
+    assert_eq!(times.len() as u64, want.min(50));
+    // the trace-to-logs query, as provisioned, for a trace that has records
+    let template = datasources
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("query: '"))
+        .and_then(|q| q.strip_suffix('\''))
+        .unwrap()
+        .replace("$${__span.traceId}", "TRACE");
+    let trace = sql(
+        c,
+        w,
+        "SELECT trace_id FROM logs WHERE trace_id IS NOT NULL LIMIT 1",
+    )
+    .await[0][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (s, body, text) = get(format!(
+        "/api/v1/query_range?query={}&{range}&limit=1000",
+        encode(&template.replace("TRACE", &trace))
+    ))
+    .await;
+    assert_eq!(s, 200, "{text}");
+    let lines: usize = body["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| {
+            assert_eq!(st["stream"]["trace_id"], trace.as_str());
+            st["values"].as_array().unwrap().len()
+        })
+        .sum();
+    let want = count(format!(
+        "SELECT count(*) FROM logs WHERE trace_id = '{trace}'"
+    ))
+    .await;
+    assert!(want > 0);
+    assert_eq!(lines as u64, want);
+    // a line filter, and a metric query refused by name
+    let (s, body, _) = get(format!(
+        "/api/v1/query_range?query={}&{range}&limit=5000",
+        encode(&format!("{{service_name=\"{service}\"}} |= \"a\""))
+    ))
+    .await;
+    assert_eq!(s, 200);
+    let filtered: usize = body["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| st["values"].as_array().unwrap().len())
+        .sum();
+    let want = count(format!(
+        "SELECT count(*) FROM logs WHERE service_name = '{service}' AND strpos(body, 'a') > 0"
+    ))
+    .await;
+    assert_eq!(filtered as u64, want.min(5000));
+    let (s, _, text) = get(format!(
+        "/api/v1/query_range?query={}&{range}",
+        encode("rate({a=\"b\"}[1m])")
+    ))
+    .await;
+    assert_eq!(s, 400);
+    assert!(text.contains("stream selector"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_panel_returns_data() {
     let dashboard: Value = serde_json::from_str(
@@ -71,6 +196,7 @@ async fn every_dashboard_panel_returns_data() {
         "weft-jaeger",
         "weft-prometheus",
         "weft-postgres",
+        "weft-loki",
     ] {
         assert!(
             datasources.contains(&format!("uid: {uid}")),
@@ -117,6 +243,22 @@ async fn every_dashboard_panel_returns_data() {
             .unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
     }
+
+    for m in log_batches(LogConfig {
+        records: 6000,
+        ..Default::default()
+    }) {
+        let r = c
+            .post(
+                &format!("{}/v1/logs", w.otlp),
+                &[("content-type", "application/x-protobuf")],
+                m.encode_to_vec(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    loki(&c, &w, &datasources).await;
 
     let mut pg = PgClient::connect(&format!("127.0.0.1:{}", w.pg), "weft")
         .await
