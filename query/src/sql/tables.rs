@@ -671,6 +671,9 @@ impl TracesTable {
     ) -> Result<RecordBatch> {
         let ctx = &self.ctx;
         let mut aggs: HashMap<TraceId, TraceAgg> = HashMap::new();
+        // looked up once per trace entry of every block read, and per head row
+        let wanted: Option<std::collections::HashSet<TraceId>> =
+            trace_filter.map(|ids| ids.iter().copied().collect());
         let pushdown = Pushdown {
             trace_ids: trace_filter.cloned(),
             ..Default::default()
@@ -702,7 +705,11 @@ impl TracesTable {
                 .cutoff
                 .filter(|_| ctx.snapshot.straddles(&work.meta));
             for e in entries {
-                if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&e.trace_id)) {
+                if ctx.pushdown
+                    && wanted
+                        .as_ref()
+                        .is_some_and(|ids| !ids.contains(&e.trace_id))
+                {
                     continue;
                 }
                 if let Some(cutoff) = cutoff.filter(|c| e.min_start < c.0) {
@@ -729,7 +736,11 @@ impl TracesTable {
             }
         }
         for r in ctx.snapshot.head.rows() {
-            if ctx.pushdown && trace_filter.is_some_and(|ids| !ids.contains(&r.trace_id)) {
+            if ctx.pushdown
+                && wanted
+                    .as_ref()
+                    .is_some_and(|ids| !ids.contains(&r.trace_id))
+            {
                 continue;
             }
             merge_span(&mut aggs, r, want_services);
