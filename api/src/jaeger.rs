@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value as Json_, json};
-use weft_query::analytics::exec::Run;
+use weft_query::analytics::exec::{Rows, Run};
 use weft_query::analytics::params::{lit, ts};
 use weft_query::traceql::{self, SearchOptions};
 use weft_storage::model::{
@@ -30,7 +30,7 @@ use weft_storage::model::{
 };
 
 use crate::state::{SharedState, Tenant, blocking};
-use crate::traces::search::form_pairs;
+use crate::traces::search::Form;
 
 pub fn router() -> Router<SharedState> {
     Router::new()
@@ -88,36 +88,24 @@ fn envelope(data: Json_, total: usize) -> Json<Json_> {
     Json(json!({"data": data, "total": total, "limit": 0, "offset": 0, "errors": null}))
 }
 
-async fn column(
-    state: &SharedState,
-    tenant: &TenantId,
-    sql: &str,
-) -> Result<Vec<Vec<Option<String>>>, JaegerError> {
-    let run = Run::with_timeout(&state.sql, tenant, state.sql.config().timeout);
-    let rows = run.sql(sql).await.map_err(traceql::TraceQlError::from)?;
-    let n = rows.0.first().map_or(0, |b| b.num_columns());
-    Ok((0..n).map(|i| rows.strings(i)).collect())
+async fn rows(state: &SharedState, tenant: &TenantId, sql: &str) -> Result<Rows, JaegerError> {
+    let run = Run::plain(&state.sql, tenant);
+    Ok(run.sql(sql).await.map_err(traceql::TraceQlError::from)?)
+}
+
+/// The first column of `rows` (text) as Jaeger's list answer.
+fn list(rows: &Rows) -> Json<Json_> {
+    let names: Vec<String> = rows.strings(0).into_iter().flatten().collect();
+    let n = names.len();
+    envelope(json!(names), n)
 }
 
 async fn services(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
 ) -> Result<Json<Json_>, JaegerError> {
-    let cols = column(
-        &state,
-        &tenant,
-        "SELECT DISTINCT service_name FROM spans ORDER BY 1",
-    )
-    .await?;
-    let names: Vec<String> = cols
-        .into_iter()
-        .next()
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
-        .collect();
-    let n = names.len();
-    Ok(envelope(json!(names), n))
+    let sql = "SELECT DISTINCT service_name FROM spans ORDER BY 1";
+    Ok(list(&rows(&state, &tenant, sql).await?))
 }
 
 async fn service_operations(
@@ -125,24 +113,11 @@ async fn service_operations(
     Tenant(tenant): Tenant,
     Path(service): Path<String>,
 ) -> Result<Json<Json_>, JaegerError> {
-    let cols = column(
-        &state,
-        &tenant,
-        &format!(
-            "SELECT DISTINCT name FROM spans WHERE service_name = {} ORDER BY 1",
-            lit(&service)
-        ),
-    )
-    .await?;
-    let names: Vec<String> = cols
-        .into_iter()
-        .next()
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
-        .collect();
-    let n = names.len();
-    Ok(envelope(json!(names), n))
+    let sql = format!(
+        "SELECT DISTINCT name FROM spans WHERE service_name = {} ORDER BY 1",
+        lit(&service)
+    );
+    Ok(list(&rows(&state, &tenant, &sql).await?))
 }
 
 async fn operations(
@@ -150,15 +125,8 @@ async fn operations(
     Tenant(tenant): Tenant,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Json_>, JaegerError> {
-    let pairs =
-        form_pairs(raw.as_deref().unwrap_or("")).map_err(|e| JaegerError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw.as_deref()).map_err(JaegerError::bad)?;
+    let get = |k: &str| form.get(k);
     let service =
         get("service").ok_or_else(|| JaegerError::bad("parameter 'service' is required"))?;
     let mut conds = vec![format!("service_name = {}", lit(service))];
@@ -171,21 +139,16 @@ async fn operations(
         }
         conds.push(format!("kind = {}", lit(&k)));
     }
-    let cols = column(
-        &state,
-        &tenant,
-        &format!(
-            "SELECT DISTINCT name, kind FROM spans WHERE {} ORDER BY 1, 2",
-            conds.join(" AND ")
-        ),
-    )
-    .await?;
-    let ops: Vec<Json_> = cols[0]
-        .iter()
-        .zip(&cols[1])
-        .filter_map(|(n, k)| {
-            Some(json!({"name": n.as_ref()?, "spanKind": k.as_ref()?.to_ascii_lowercase()}))
-        })
+    let sql = format!(
+        "SELECT DISTINCT name, kind FROM spans WHERE {} ORDER BY 1, 2",
+        conds.join(" AND ")
+    );
+    let rows = rows(&state, &tenant, &sql).await?;
+    let ops: Vec<Json_> = rows
+        .strings(0)
+        .into_iter()
+        .zip(rows.strings(1))
+        .filter_map(|(n, k)| Some(json!({"name": n?, "spanKind": k?.to_ascii_lowercase()})))
         .collect();
     let n = ops.len();
     Ok(envelope(json!(ops), n))
@@ -211,15 +174,8 @@ async fn find_traces(
     Tenant(tenant): Tenant,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Json_>, JaegerError> {
-    let pairs =
-        form_pairs(raw.as_deref().unwrap_or("")).map_err(|e| JaegerError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw.as_deref()).map_err(JaegerError::bad)?;
+    let get = |k: &str| form.get(k);
     let service =
         get("service").ok_or_else(|| JaegerError::bad("parameter 'service' is required"))?;
     let mut conds = vec![format!("resource.service.name = {}", quote(service))];
@@ -293,7 +249,7 @@ async fn find_traces(
         spss: 1,
         ..Default::default()
     };
-    let mut run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let mut run = Run::plain(&state.sql, &tenant);
     let found = traceql::search(&mut run, &query, &opts).await?;
     let ids: Vec<String> = found.traces.iter().map(|t| t.trace_id.clone()).collect();
     let store = state.store.clone();
@@ -321,14 +277,7 @@ async fn trace_by_id(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<Json<Json_>, JaegerError> {
-    let t = id.trim();
-    if t.is_empty() || t.len() > 32 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(JaegerError::bad(format!(
-            "malformed trace id {id:?}: expected 1 to 32 hex digits"
-        )));
-    }
-    let trace = TraceId::from_hex(&format!("{:0>32}", t.to_ascii_lowercase()))
-        .map_err(|e| JaegerError::bad(e.to_string()))?;
+    let trace = crate::traces::get::short_trace_id(&id).map_err(JaegerError::bad)?;
     let store = state.store.clone();
     let spans = blocking(move || store.trace(&tenant, &trace))
         .await?
@@ -344,15 +293,8 @@ async fn dependencies(
     Tenant(tenant): Tenant,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Json_>, JaegerError> {
-    let pairs =
-        form_pairs(raw.as_deref().unwrap_or("")).map_err(|e| JaegerError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw.as_deref()).map_err(JaegerError::bad)?;
+    let get = |k: &str| form.get(k);
     let ms = |k: &str| -> Result<Option<u64>, JaegerError> {
         get(k)
             .map(|v| {
@@ -369,24 +311,20 @@ async fn dependencies(
         .unwrap_or(86_400_000)
         .saturating_mul(1_000_000);
     let start = end.saturating_sub(lookback);
-    let cols = column(
-        &state,
-        &tenant,
-        &format!(
-            "SELECT p.service_name, c.service_name, count(*) FROM spans c JOIN spans p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id \
-             WHERE c.start_time >= {} AND c.start_time <= {} AND p.service_name <> c.service_name GROUP BY 1, 2 ORDER BY 1, 2",
-            ts(start),
-            ts(end)
-        ),
-    )
-    .await?;
-    let deps: Vec<Json_> = (0..cols[0].len())
-        .map(|i| {
-            json!({
-                "parent": cols[0][i],
-                "child": cols[1][i],
-                "callCount": cols[2][i].as_deref().and_then(|c| c.parse::<u64>().ok()).unwrap_or(0),
-            })
+    let sql = format!(
+        "SELECT p.service_name, c.service_name, count(*) FROM spans c JOIN spans p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id \
+         WHERE c.start_time >= {} AND c.start_time <= {} AND p.service_name <> c.service_name GROUP BY 1, 2 ORDER BY 1, 2",
+        ts(start),
+        ts(end)
+    );
+    let rows = rows(&state, &tenant, &sql).await?;
+    let deps: Vec<Json_> = rows
+        .strings(0)
+        .into_iter()
+        .zip(rows.strings(1))
+        .zip(rows.i64(2))
+        .map(|((parent, child), calls)| {
+            json!({"parent": parent, "child": child, "callCount": calls.unwrap_or(0)})
         })
         .collect();
     let n = deps.len();

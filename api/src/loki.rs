@@ -27,7 +27,7 @@ use weft_query::analytics::exec::Run;
 use weft_query::analytics::params::{lit, ts};
 
 use crate::state::{SharedState, Tenant};
-use crate::traces::search::form_pairs;
+use crate::traces::search::Form;
 
 pub fn router() -> Router<SharedState> {
     Router::new()
@@ -213,14 +213,8 @@ struct Params {
 }
 
 fn params(raw: Option<&str>, instant: bool) -> Result<Params, LokiError> {
-    let pairs = form_pairs(raw.unwrap_or("")).map_err(|e| bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw).map_err(bad)?;
+    let get = |k: &str| form.get(k);
     let query = get("query").ok_or_else(|| bad("query parameter 'query' is required"))?;
     let now = crate::time::now();
     let (start, end) = if instant {
@@ -273,7 +267,7 @@ async fn streams(
     let mut conds = logql(&p.query)?;
     conds.push(format!("time >= {}", ts(p.start)));
     conds.push(format!("time < {}", ts(p.end)));
-    let run = Run::with_timeout(&state.sql, tenant, state.sql.config().timeout);
+    let run = Run::plain(&state.sql, tenant);
     let rows = run
         .sql(&format!(
             "SELECT CAST(time AS BIGINT) AS t, body, service_name, lower(severity_text) AS level, trace_id, span_id FROM logs WHERE {} ORDER BY time {}, body LIMIT {}",
@@ -360,7 +354,7 @@ async fn labels(
     Tenant(tenant): Tenant,
     RawQuery(_raw): RawQuery,
 ) -> Result<Json<Value>, LokiError> {
-    let run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let run = Run::plain(&state.sql, &tenant);
     let rows = run
         .sql("SELECT DISTINCT unnest(map_keys(attributes)) FROM (SELECT attributes FROM logs ORDER BY time DESC LIMIT 10000) r")
         .await?;
@@ -386,17 +380,13 @@ async fn label_values(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, LokiError> {
-    let pairs = form_pairs(raw.as_deref().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
+    let form = Form::parse(raw.as_deref()).map_err(bad)?;
     let mut conds = vec!["TRUE".to_owned()];
-    if let Some((_, q)) = pairs
-        .iter()
-        .find(|(k, _)| k == "query")
-        .filter(|(_, q)| !q.is_empty())
-    {
+    if let Some(q) = form.get("query") {
         conds.extend(logql(q)?);
     }
     let col = label_column(&name);
-    let run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let run = Run::plain(&state.sql, &tenant);
     let rows = run
         .sql(&format!(
             "SELECT DISTINCT {col} FROM logs WHERE {} AND {col} IS NOT NULL ORDER BY 1 LIMIT 1000",

@@ -17,7 +17,7 @@ mod tags;
 mod traces;
 
 use axum::Router;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use weft_query::traceql::TraceQlError;
@@ -51,6 +51,11 @@ async fn buildinfo() -> axum::Json<serde_json::Value> {
     }))
 }
 
+/// The `metrics` of an answer computed in one job (Tempo's metadata and metrics responses).
+fn one_job() -> serde_json::Value {
+    serde_json::json!({"inspectedBytes": "0", "totalJobs": 1, "completedJobs": 1})
+}
+
 /// A Tempo error: its status and a plain-text body.
 #[derive(Debug)]
 pub struct TempoError(StatusCode, String);
@@ -79,6 +84,12 @@ impl From<ApiError> for TempoError {
     }
 }
 
+impl From<weft_query::analytics::AnalyticsError> for TempoError {
+    fn from(e: weft_query::analytics::AnalyticsError) -> Self {
+        TraceQlError::from(e).into()
+    }
+}
+
 impl From<TraceQlError> for TempoError {
     fn from(e: TraceQlError) -> Self {
         match e {
@@ -95,14 +106,6 @@ impl From<TraceQlError> for TempoError {
             }
         }
     }
-}
-
-/// Whether the client asked for protobuf.
-fn wants_protobuf(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/protobuf") || v.contains("application/x-protobuf"))
 }
 
 /// A Tempo time parameter: Unix seconds (Tempo's form, fractions allowed), or RFC 3339, or
@@ -158,15 +161,4 @@ pub fn range(
         ));
     }
     Ok((s, e))
-}
-
-/// A trace id as Tempo takes it (1 to 32 hex digits, left-padded with zeros).
-pub fn trace_id(text: &str) -> Result<String, TempoError> {
-    let t = text.trim();
-    if t.is_empty() || t.len() > 32 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(TempoError::bad(format!(
-            "invalid trace id {text:?}: expected 1 to 32 hex digits"
-        )));
-    }
-    Ok(format!("{:0>32}", t.to_ascii_lowercase()))
 }

@@ -1,6 +1,6 @@
 //! The native trace API on the query port: a whole trace by id, and trace search.
 
-mod get;
+pub(crate) mod get;
 mod gpu;
 pub(crate) mod search;
 

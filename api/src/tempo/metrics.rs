@@ -12,7 +12,7 @@ use weft_query::traceql::{self, eval::Val, metrics::RangeOptions};
 use super::search::key_values;
 use super::{TempoError, range};
 use crate::state::{SharedState, Tenant};
-use crate::traces::search::form_pairs;
+use crate::traces::search::Form;
 
 struct Params {
     q: traceql::Query,
@@ -23,14 +23,8 @@ struct Params {
 }
 
 fn params(raw: Option<&str>) -> Result<Params, TempoError> {
-    let pairs = form_pairs(raw.unwrap_or("")).map_err(|e| TempoError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw).map_err(TempoError::bad)?;
+    let get = |k: &str| form.get(k);
     let q = get("q")
         .or(get("query"))
         .ok_or_else(|| TempoError::bad("missing q (a TraceQL metrics query)"))?;
@@ -93,7 +87,7 @@ pub async fn query_range(
         step,
         exemplars: p.exemplars,
     };
-    let mut run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let mut run = Run::plain(&state.sql, &tenant);
     let answer = traceql::metrics::query_range(&mut run, &p.q, &opts).await?;
     let series: Vec<Value> = answer
         .series
@@ -112,7 +106,7 @@ pub async fn query_range(
         .collect();
     let mut body = json!({
         "series": series,
-        "metrics": {"inspectedBytes": "0", "completedJobs": 1, "totalJobs": 1},
+        "metrics": super::one_job(),
     });
     if answer.partial {
         body["status"] = json!("PARTIAL");
@@ -127,14 +121,14 @@ pub async fn query_instant(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, TempoError> {
     let p = params(raw.as_deref())?;
-    let mut run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let mut run = Run::plain(&state.sql, &tenant);
     let (series, partial) = traceql::metrics::query_instant(&mut run, &p.q, p.start, p.end).await?;
     let mut body = json!({
         "series": series
             .iter()
             .map(|(labels, v)| json!({"labels": key_values(labels), "value": v}))
             .collect::<Vec<_>>(),
-        "metrics": {"inspectedBytes": "0", "completedJobs": 1, "totalJobs": 1},
+        "metrics": super::one_job(),
     });
     if partial {
         body["status"] = json!("PARTIAL");

@@ -11,7 +11,7 @@ use weft_query::traceql::{self, SearchOptions, eval::Val};
 
 use super::{TempoError, range};
 use crate::state::{SharedState, Tenant};
-use crate::traces::search::form_pairs;
+use crate::traces::search::Form;
 
 const MAX_LIMIT: usize = 10_000;
 
@@ -20,16 +20,10 @@ pub async fn search(
     Tenant(tenant): Tenant,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Value>, TempoError> {
-    let pairs =
-        form_pairs(raw.as_deref().unwrap_or("")).map_err(|e| TempoError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-    };
+    let form = Form::parse(raw.as_deref()).map_err(TempoError::bad)?;
+    let get = |k: &str| form.get(k);
     let number = |k: &str, default: usize| -> Result<usize, TempoError> {
-        match get(k).filter(|v| !v.is_empty()) {
+        match get(k) {
             None => Ok(default),
             Some(v) => v
                 .parse::<usize>()
@@ -53,7 +47,7 @@ pub async fn search(
         spss: number("spss", 3)?,
         ..Default::default()
     };
-    let mut run = Run::with_timeout(&state.sql, &tenant, state.sql.config().timeout);
+    let mut run = Run::plain(&state.sql, &tenant);
     let found = traceql::search(&mut run, &query, &opts).await?;
     let traces: Vec<Value> = found
         .traces
@@ -229,7 +223,8 @@ mod no_panics {
     use proptest::prelude::*;
 
     use super::legacy_query;
-    use crate::tempo::{range, tempo_time, trace_id};
+    use crate::tempo::{range, tempo_time};
+    use crate::traces::get::short_trace_id as trace_id;
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]

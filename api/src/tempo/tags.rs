@@ -13,7 +13,7 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use serde_json::{Value, json};
 use weft_query::analytics::exec::{Rows, Run};
-use weft_query::analytics::params::ts;
+use weft_query::analytics::params::{ident, ts};
 use weft_query::traceql::ast::{Field, Intrinsic, Scope, Spanset};
 use weft_query::traceql::compile::{column, needs_traces, predicate};
 use weft_query::traceql::parse::field_of;
@@ -21,7 +21,7 @@ use weft_storage::schema::{ColumnType, DEDICATED};
 
 use super::{TempoError, range};
 use crate::state::{SharedState, Tenant};
-use crate::traces::search::form_pairs;
+use crate::traces::search::{Form, form_pairs};
 
 /// Spans whose attribute keys make the tag list.
 const SAMPLE: usize = 10_000;
@@ -36,14 +36,8 @@ struct Params {
 }
 
 fn params(raw: Option<&str>) -> Result<Params, TempoError> {
-    let pairs = form_pairs(raw.unwrap_or("")).map_err(|e| TempoError::bad(e.to_string()))?;
-    let get = |k: &str| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+    let form = Form::parse(raw).map_err(TempoError::bad)?;
+    let get = |k: &str| form.get(k);
     let (start, end) = range(get("start"), get("end"), true)?;
     let limit = match get("limit")
         .or(get("maxTagsPerScope"))
@@ -90,7 +84,7 @@ async fn scopes(
     tenant: &weft_storage::model::TenantId,
     p: &Params,
 ) -> Result<Vec<(&'static str, Vec<String>)>, TempoError> {
-    let run = Run::with_timeout(&state.sql, tenant, state.sql.config().timeout);
+    let run = Run::plain(&state.sql, tenant);
     let conds = range_conds(p);
     let filter = if conds.is_empty() {
         String::new()
@@ -120,8 +114,7 @@ async fn scopes(
                 "SELECT DISTINCT unnest(map_keys(resource_attributes)) FROM ({})",
                 sample("s.resource_attributes")
             ))
-            .await
-            .map_err(weft_query::traceql::TraceQlError::from)?;
+            .await?;
         let mut tags = keys(&rows);
         if !tags.iter().any(|t| t == "service.name") {
             tags.push("service.name".into());
@@ -136,8 +129,7 @@ async fn scopes(
                 "SELECT DISTINCT unnest(map_keys(attributes)) FROM ({})",
                 sample("s.attributes")
             ))
-            .await
-            .map_err(weft_query::traceql::TraceQlError::from)?;
+            .await?;
         let mut tags: BTreeSet<String> = keys(&rows).into_iter().collect();
         let counts: Vec<String> = DEDICATED
             .iter()
@@ -153,8 +145,7 @@ async fn scopes(
                 counts.join(", "),
                 sample(&dedicated_cols.join(", "))
             ))
-            .await
-            .map_err(weft_query::traceql::TraceQlError::from)?;
+            .await?;
         for (i, d) in DEDICATED.iter().enumerate() {
             if rows.i64(i).first().copied().flatten().unwrap_or(0) > 0 {
                 tags.insert(d.name.to_owned());
@@ -173,10 +164,6 @@ async fn scopes(
     Ok(out)
 }
 
-fn ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
 pub async fn tags_v2(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
@@ -189,7 +176,7 @@ pub async fn tags_v2(
             .into_iter()
             .map(|(name, tags)| json!({"name": name, "tags": tags}))
             .collect::<Vec<_>>(),
-        "metrics": {"inspectedBytes": "0", "totalJobs": 1, "completedJobs": 1},
+        "metrics": super::one_job(),
     })))
 }
 
@@ -258,14 +245,13 @@ async fn values(
             Field::Intrinsic(Intrinsic::EventName) => ("span_events", "name"),
             _ => ("span_links", "linked_trace_id"),
         };
-        let run = Run::with_timeout(&state.sql, tenant, state.sql.config().timeout);
+        let run = Run::plain(&state.sql, tenant);
         let rows = run
             .sql(&format!(
                 "SELECT {col}, count(*) FROM {table} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {}",
                 p.limit
             ))
-            .await
-            .map_err(weft_query::traceql::TraceQlError::from)?;
+            .await?;
         return Ok(rows
             .strings(0)
             .into_iter()
@@ -300,11 +286,8 @@ async fn values(
         conds.join(" AND "),
         p.limit
     );
-    let run = Run::with_timeout(&state.sql, tenant, state.sql.config().timeout);
-    let rows = run
-        .sql(&sql)
-        .await
-        .map_err(weft_query::traceql::TraceQlError::from)?;
+    let run = Run::plain(&state.sql, tenant);
+    let rows = run.sql(&sql).await?;
     let ty = match (&field, col.ty) {
         (Field::Attr(Scope::Resource, _), _) => "string",
         (_, ColumnType::Int) => "int",
@@ -333,7 +316,7 @@ pub async fn values_v2(
             .into_iter()
             .map(|(t, v)| json!({"type": t, "value": v}))
             .collect::<Vec<_>>(),
-        "metrics": {"inspectedBytes": "0", "totalJobs": 1, "completedJobs": 1},
+        "metrics": super::one_job(),
     })))
 }
 

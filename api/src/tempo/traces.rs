@@ -10,11 +10,11 @@ use prost::Message;
 use serde::Deserialize;
 use weft_ingest::otlp::export::to_request;
 use weft_ingest::otlp::json::encode_request;
-use weft_storage::model::TraceId;
 
 use super::proto::{Trace, TraceByIdMetrics, TraceByIdResponse};
-use super::{TempoError, range, trace_id, wants_protobuf};
+use super::{TempoError, range};
 use crate::state::{SharedState, Tenant, blocking};
+use crate::traces::get::{short_trace_id, wants_protobuf};
 
 #[derive(Deserialize)]
 pub struct RangeParams {
@@ -30,9 +30,8 @@ async fn load(
     params: &RangeParams,
 ) -> Result<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest, TempoError>
 {
-    let hex = trace_id(id)?;
+    let trace = short_trace_id(id).map_err(TempoError::bad)?;
     let (start, end) = range(params.start.as_deref(), params.end.as_deref(), true)?;
-    let trace = TraceId::from_hex(&hex).map_err(|e| TempoError::bad(e.to_string()))?;
     let store = state.store.clone();
     let spans = blocking(move || store.trace(&tenant, &trace))
         .await?
@@ -43,7 +42,7 @@ async fn load(
     if spans.is_empty() || !in_range {
         return Err(TempoError(
             StatusCode::NOT_FOUND,
-            format!("trace not found: {hex}"),
+            format!("trace not found: {}", trace.to_hex()),
         ));
     }
     Ok(to_request(&spans))
@@ -58,18 +57,18 @@ pub async fn v1(
 ) -> Result<Response, TempoError> {
     let message = load(&state, tenant, &id, &params).await?;
     Ok(if wants_protobuf(&headers) {
-        (
-            [(header::CONTENT_TYPE, "application/protobuf")],
-            message.encode_to_vec(),
-        )
-            .into_response()
+        protobuf(message.encode_to_vec())
     } else {
-        (
-            [(header::CONTENT_TYPE, "application/json")],
-            encode_request(&message),
-        )
-            .into_response()
+        json(encode_request(&message))
     })
+}
+
+fn protobuf(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/protobuf")], body).into_response()
+}
+
+fn json(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 pub async fn v2(
@@ -89,18 +88,12 @@ pub async fn v2(
             status: 0,
             message: String::new(),
         };
-        (
-            [(header::CONTENT_TYPE, "application/protobuf")],
-            response.encode_to_vec(),
-        )
-            .into_response()
+        protobuf(response.encode_to_vec())
     } else {
         // proto3 JSON of the response: the trace as OTLP/JSON, the rest at its defaults
-        let trace = String::from_utf8(encode_request(&message)).expect("JSON is UTF-8");
-        (
-            [(header::CONTENT_TYPE, "application/json")],
-            format!("{{\"trace\":{trace},\"metrics\":{{}}}}"),
-        )
-            .into_response()
+        let mut body = b"{\"trace\":".to_vec();
+        body.extend(encode_request(&message));
+        body.extend(b",\"metrics\":{}}");
+        json(body)
     })
 }

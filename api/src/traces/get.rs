@@ -11,6 +11,25 @@ use weft_storage::model::TraceId;
 use crate::error::ApiError;
 use crate::state::{SharedState, Tenant, blocking};
 
+/// Whether the client asked for protobuf (`application/x-protobuf` or `application/protobuf`).
+pub(crate) fn wants_protobuf(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-protobuf") || v.contains("application/protobuf"))
+}
+
+/// A trace id as Tempo and Jaeger take it: 1 to 32 hex digits, left-padded with zeros.
+pub(crate) fn short_trace_id(text: &str) -> Result<TraceId, String> {
+    let t = text.trim();
+    if t.is_empty() || t.len() > 32 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "invalid trace id {text:?}: expected 1 to 32 hex digits"
+        ));
+    }
+    TraceId::from_hex(&format!("{:0>32}", t.to_ascii_lowercase())).map_err(|e| e.to_string())
+}
+
 pub async fn trace_by_id(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
@@ -32,13 +51,7 @@ pub async fn trace_by_id(
         )));
     }
     let message = to_request(&spans);
-    let wants_protobuf = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.contains("application/x-protobuf") || v.contains("application/protobuf")
-        });
-    Ok(if wants_protobuf {
+    Ok(if wants_protobuf(&headers) {
         (
             [(header::CONTENT_TYPE, "application/x-protobuf")],
             message.encode_to_vec(),

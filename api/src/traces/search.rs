@@ -71,6 +71,28 @@ pub fn parse_request(query: &str) -> Result<SearchRequest, ApiError> {
     Ok(req)
 }
 
+/// A query string's parameters, for surfaces that read each by name (Tempo, Jaeger, Loki): an
+/// empty value counts as absent, as those APIs treat it.
+pub(crate) struct Form(Vec<(String, String)>);
+
+impl Form {
+    /// Parses the query string; a bad percent-encoding is a message naming it.
+    pub(crate) fn parse(raw: Option<&str>) -> Result<Self, String> {
+        form_pairs(raw.unwrap_or(""))
+            .map(Self)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The first non-empty value of `key`.
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    }
+}
+
 /// `application/x-www-form-urlencoded` pairs, percent- and plus-decoded.
 pub(crate) fn form_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
     query

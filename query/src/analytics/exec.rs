@@ -37,14 +37,9 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// A call with its own time budget (at most the engine's query timeout).
-    pub fn with_timeout(engine: &'a SqlEngine, tenant: &'a TenantId, limit: Duration) -> Self {
-        Self {
-            engine,
-            tenant,
-            deadline: Instant::now() + limit.min(engine.config().timeout),
-            partial: false,
-        }
+    /// A call with the engine's own time budget (TraceQL, the Tempo, Jaeger and Loki APIs).
+    pub fn plain(engine: &'a SqlEngine, tenant: &'a TenantId) -> Self {
+        Self::new(engine, tenant, &Params::default())
     }
 
     /// Time left of the call's budget.

@@ -6,7 +6,7 @@
 use weft_storage::schema::{ColumnType, DEDICATED, dedicated_for};
 
 use super::ast::*;
-use crate::analytics::params::lit;
+use crate::analytics::params::{ident, lit};
 
 /// How a field reads in SQL and what type its values have there.
 pub struct Column {
@@ -83,10 +83,6 @@ pub fn column(field: &Field) -> Option<Column> {
             })
         }
     }
-}
-
-fn ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// Whether an expression reads a trace-level intrinsic (so needs the `traces` join).

@@ -165,22 +165,8 @@ pub async fn search(
             "a metrics query (rate(), …_over_time()) is answered by /api/metrics/query_range, not search".into(),
         ));
     }
-    let mut fields = Vec::new();
-    collect_fields(&query.pipeline, &mut fields);
     let service = Field::Attr(Scope::Resource, "service.name".into());
-    if !fields.contains(&service) {
-        fields.push(service);
-    }
-    let mut e = Eval {
-        run,
-        opts,
-        fields,
-        rows: Vec::new(),
-        index: HashMap::new(),
-        tree: HashMap::new(),
-        restrict: None,
-        partial: false,
-    };
+    let mut e = Eval::new(run, opts, &query.pipeline, &[service]);
     let found = e
         .newest_first(driver(&query.pipeline.source).as_ref(), &query.pipeline)
         .await?;
@@ -259,6 +245,34 @@ pub fn label(f: &Field) -> String {
     match f {
         Field::Attr(_, k) => k.clone(),
         Field::Intrinsic(i) => i.tag_name().to_owned(),
+    }
+}
+
+impl<'r, 'a> Eval<'r, 'a> {
+    /// An evaluation whose rows carry the fields `pipeline` names, then `extra`.
+    fn new(
+        run: &'r mut Run<'a>,
+        opts: &'r SearchOptions,
+        pipeline: &Pipeline,
+        extra: &[Field],
+    ) -> Self {
+        let mut fields = Vec::new();
+        collect_fields(pipeline, &mut fields);
+        for f in extra {
+            if column(f).is_some() && !fields.contains(f) {
+                fields.push(f.clone());
+            }
+        }
+        Eval {
+            run,
+            opts,
+            fields,
+            rows: Vec::new(),
+            index: HashMap::new(),
+            tree: HashMap::new(),
+            restrict: None,
+            partial: false,
+        }
     }
 }
 
@@ -349,8 +363,7 @@ impl Eval<'_, '_> {
         let rows = self
             .run
             .sql(&format!("SELECT count(*) FROM spans s{join} WHERE {conds}"))
-            .await
-            .map_err(TraceQlError::from)?;
+            .await?;
         Ok(rows.i64(0).first().copied().flatten().unwrap_or(0) as u64)
     }
 
@@ -414,8 +427,7 @@ impl Eval<'_, '_> {
                 .sql(&format!(
                     "SELECT trace_id, count(*), CAST(min(st) AS BIGINT) FROM (SELECT s.trace_id, s.start_time AS st FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC LIMIT {cap}) m GROUP BY trace_id"
                 ))
-                .await
-                .map_err(TraceQlError::from)?;
+                .await?;
             let read: i64 = rows.i64(1).iter().flatten().sum();
             let capped = read as usize >= cap;
             // every trace not among the candidates has its matches at or before this
@@ -528,7 +540,7 @@ impl Eval<'_, '_> {
             "SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, CAST(s.start_time AS BIGINT) AS st, s.duration_ns{extra} FROM spans s{join} WHERE {conds} ORDER BY s.start_time DESC, s.span_id DESC LIMIT {}",
             cap + 1
         );
-        let rows = self.run.sql(&sql).await.map_err(TraceQlError::from)?;
+        let rows = self.run.sql(&sql).await?;
         if rows.len() > cap {
             self.partial = true;
         }
@@ -692,8 +704,7 @@ impl Eval<'_, '_> {
                 .sql(&format!(
                     "SELECT trace_id, span_id, parent_span_id FROM spans WHERE trace_id IN ({list})"
                 ))
-                .await
-                .map_err(TraceQlError::from)?;
+                .await?;
             let (t, s, p) = (rows.strings(0), rows.strings(1), rows.strings(2));
             for i in 0..t.len() {
                 if let (Some(t), Some(s)) = (&t[i], &s[i]) {
@@ -780,12 +791,9 @@ impl Eval<'_, '_> {
                 out
             }
             Stage::Select(_) => groups,
-            Stage::Coalesce => groups
+            Stage::Coalesce => flatten(groups)
                 .into_iter()
-                .map(|(t, gs)| {
-                    let mut rows: Vec<usize> = gs.into_iter().flat_map(|g| g.rows).collect();
-                    rows.sort_unstable();
-                    rows.dedup();
+                .map(|(t, rows)| {
                     (
                         t,
                         vec![Group {
@@ -842,8 +850,7 @@ impl Eval<'_, '_> {
                 .sql(&format!(
                     "SELECT trace_id, root_service, root_name, CAST(start_time AS BIGINT), duration_ns FROM traces WHERE trace_id IN ({list})"
                 ))
-                .await
-                .map_err(TraceQlError::from)?;
+                .await?;
             let (ids, svc, name, start, dur) = (
                 rows.strings(0),
                 rows.strings(1),
@@ -969,7 +976,7 @@ fn ancestors<'t>(
 }
 
 /// A stored value as the type its column has (status and kind as TraceQL spells them).
-fn typed(f: &Field, ty: ColumnType, v: &str) -> Val {
+pub(super) fn typed(f: &Field, ty: ColumnType, v: &str) -> Val {
     if matches!(f, Field::Intrinsic(Intrinsic::Status | Intrinsic::Kind)) {
         return Val::Str(v.to_lowercase());
     }
@@ -1003,23 +1010,7 @@ pub async fn matched_spans(
     opts: &SearchOptions,
     fields: &[Field],
 ) -> Result<(Vec<Matched>, bool), TraceQlError> {
-    let mut all = Vec::new();
-    collect_fields(pipeline, &mut all);
-    for f in fields {
-        if column(f).is_some() && !all.contains(f) {
-            all.push(f.clone());
-        }
-    }
-    let mut e = Eval {
-        run,
-        opts,
-        fields: all,
-        rows: Vec::new(),
-        index: HashMap::new(),
-        tree: HashMap::new(),
-        restrict: None,
-        partial: false,
-    };
+    let mut e = Eval::new(run, opts, pipeline, fields);
     let groups = e.pipeline(pipeline).await?;
     let mut out = Vec::new();
     for rows in flatten(groups).into_values() {

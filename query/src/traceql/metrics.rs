@@ -312,7 +312,7 @@ async fn sql_cells(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let rows = run.sql(&sql).await.map_err(TraceQlError::from)?;
+    let rows = run.sql(&sql).await?;
     let step = rows.i64(0);
     let by: Vec<Vec<Option<String>>> = (0..m.by.len()).map(|i| rows.strings(1 + i)).collect();
     let lbs = rows.i64(1 + m.by.len());
@@ -337,7 +337,7 @@ async fn sql_cells(
                 .filter_map(|((f, col), ty)| {
                     col[i]
                         .as_deref()
-                        .map(|v| (label_of(f), ValKey::from(&typed_label(f, *ty, v))))
+                        .map(|v| (label_of(f), ValKey::from(&eval::typed(f, *ty, v))))
                 })
                 .collect();
         if !m.by.is_empty() && key.is_empty() {
@@ -359,18 +359,6 @@ async fn sql_cells(
         }
     }
     Ok(cells)
-}
-
-fn typed_label(f: &Field, ty: weft_storage::schema::ColumnType, v: &str) -> Val {
-    use weft_storage::schema::ColumnType;
-    if matches!(f, Field::Intrinsic(Intrinsic::Status | Intrinsic::Kind)) {
-        return Val::Str(v.to_lowercase());
-    }
-    match ty {
-        ColumnType::Int => v.parse().map(Val::Int).unwrap_or(Val::Str(v.into())),
-        ColumnType::Double => v.parse().map(Val::Float).unwrap_or(Val::Str(v.into())),
-        _ => Val::Str(v.to_owned()),
-    }
 }
 
 /// A quantile from power-of-two buckets, interpolated inside the bucket it falls in (as
