@@ -154,3 +154,55 @@ pub async fn metrics(c: &Client, w: &weft_tests::Weft) -> String {
         .unwrap()
         .text()
 }
+
+/// Sends generated traces over OTLP/HTTP protobuf (2,000-span messages), each acknowledged.
+pub async fn send_generated(
+    c: &Client,
+    w: &weft_tests::Weft,
+    cfg: weft_bench::generator::GenConfig,
+    tenant: Option<&str>,
+) {
+    let mut headers = vec![("content-type", "application/x-protobuf")];
+    headers.extend(tenant.map(|t| ("x-scope-orgid", t)));
+    for m in weft_bench::generator::batches(cfg, 2000) {
+        let r = c
+            .post(
+                &format!("{}/v1/traces", w.otlp),
+                &headers,
+                m.encode_to_vec(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
+/// The rows of a SQL query over HTTP (JSON), which must succeed.
+pub async fn sql_rows(
+    c: &Client,
+    w: &weft_tests::Weft,
+    tenant: Option<&str>,
+    query: &str,
+) -> Vec<serde_json::Value> {
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend(tenant.map(|t| ("x-scope-orgid", t)));
+    let r = c
+        .post(
+            &format!("{}/api/v1/sql", w.http),
+            &headers,
+            serde_json::json!({ "query": query }).to_string(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{query}: {}", r.text());
+    r.json().unwrap()["rows"].as_array().unwrap().clone()
+}
+
+/// How many spans OTLP resource spans hold.
+pub fn span_count(resource_spans: &[ResourceSpans]) -> usize {
+    resource_spans
+        .iter()
+        .flat_map(|rs| &rs.scope_spans)
+        .map(|ss| ss.spans.len())
+        .sum()
+}

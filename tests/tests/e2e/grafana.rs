@@ -6,7 +6,7 @@
 
 use prost::Message;
 use serde_json::Value;
-use weft_bench::generator::{GenConfig, batches};
+use weft_bench::generator::GenConfig;
 use weft_bench::logs::{LogConfig, log_batches};
 use weft_bench::metrics::{MetricConfig, metric_batches};
 use weft_bench::pgclient::PgClient;
@@ -59,19 +59,6 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-async fn sql(c: &Client, w: &Weft, query: &str) -> Vec<Value> {
-    let r = c
-        .post(
-            &format!("{}/api/v1/sql", w.http),
-            &[("content-type", "application/json")],
-            serde_json::json!({ "query": query }).to_string(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{query}: {}", r.text());
-    r.json().unwrap()["rows"].as_array().unwrap().clone()
-}
-
 /// The Loki data source: health check, labels, values, log queries as Grafana sends them
 /// (nanosecond `start`/`end`, `limit`, `direction`), and the trace-to-logs query the Tempo
 /// data source is provisioned with.
@@ -97,7 +84,7 @@ async fn loki(c: &Client, w: &Weft, datasources: &str) {
     let (_, services, _) = get("/api/v1/label/service_name/values".into()).await;
     let service = services["data"][0].as_str().unwrap().to_owned();
     let range = format!("start={FROM_S}000000000&end={}000000000", FROM_S + 3600);
-    let count = |q: String| async move { sql(c, w, &q).await[0][0].as_u64().unwrap() };
+    let count = |q: String| async move { sql_rows(c, w, None, &q).await[0][0].as_u64().unwrap() };
     // a service's newest records, newest first, at most `limit`
     let (s, body, text) = get(format!(
         "/api/v1/query_range?query={}&{range}&limit=50&direction=backward",
@@ -126,9 +113,10 @@ async fn loki(c: &Client, w: &Weft, datasources: &str) {
         .and_then(|q| q.strip_suffix('\''))
         .unwrap()
         .replace("$${__span.traceId}", "TRACE");
-    let trace = sql(
+    let trace = sql_rows(
         c,
         w,
+        None,
         "SELECT trace_id FROM logs WHERE trace_id IS NOT NULL LIMIT 1",
     )
     .await[0][0]
@@ -215,17 +203,7 @@ async fn every_dashboard_panel_returns_data() {
         max_tokens: 16,
         ..Default::default()
     };
-    for m in batches(spans, 2000) {
-        let r = c
-            .post(
-                &format!("{}/v1/traces", w.otlp),
-                &[("content-type", "application/x-protobuf")],
-                m.encode_to_vec(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
+    send_generated(&c, &w, spans, None).await;
     let metrics = MetricConfig {
         workers: 4,
         gpus_per_worker: 2,

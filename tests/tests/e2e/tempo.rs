@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, TracesData};
 use prost::Message;
 use serde_json::Value;
-use weft_bench::generator::{GenConfig, batches};
+use weft_bench::generator::GenConfig;
 use weft_tests::Weft;
 
 use crate::common::*;
@@ -73,20 +73,7 @@ impl Api<'_> {
     }
 
     async fn sql(&self, query: &str) -> Vec<Value> {
-        let r = self
-            .c
-            .post(
-                &format!("{}/api/v1/sql", self.w.http),
-                &[
-                    ("content-type", "application/json"),
-                    ("x-scope-orgid", TENANT),
-                ],
-                serde_json::json!({ "query": query }).to_string(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{query}: {}", r.text());
-        r.json().unwrap()["rows"].as_array().unwrap().clone()
+        sql_rows(self.c, self.w, Some(TENANT), query).await
     }
 
     /// Trace id (32 hex) → matched spans, as TraceQL search answers.
@@ -384,20 +371,7 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
     let dir = tempfile::tempdir().unwrap();
     let w = Weft::start(dir.path(), &[]);
     let c = Client::new();
-    for m in batches(data(), 2000) {
-        let r = c
-            .post(
-                &format!("{}/v1/traces", w.otlp),
-                &[
-                    ("content-type", "application/x-protobuf"),
-                    ("x-scope-orgid", TENANT),
-                ],
-                m.encode_to_vec(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
+    send_generated(&c, &w, data(), Some(TENANT)).await;
     let api = Api { c: &c, w: &w };
 
     // echo and build info
@@ -438,13 +412,7 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
         let r = api.get(&path, "application/protobuf").await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         let data = TracesData::decode(r.body.clone()).unwrap();
-        let spans: usize = data
-            .resource_spans
-            .iter()
-            .flat_map(|rs| &rs.scope_spans)
-            .map(|ss| ss.spans.len())
-            .sum();
-        assert_eq!(spans as u64, count, "{path}");
+        assert_eq!(span_count(&data.resource_spans) as u64, count, "{path}");
     }
     let r = api
         .get(&format!("/api/v2/traces/{short}"), "application/protobuf")
@@ -452,15 +420,7 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
     assert_eq!(r.status, 200);
     let v2 = TraceByIdResponse::decode(r.body.clone()).unwrap();
     assert_eq!(v2.status, 0);
-    let spans: usize = v2
-        .trace
-        .unwrap()
-        .resource_spans
-        .iter()
-        .flat_map(|rs| &rs.scope_spans)
-        .map(|ss| ss.spans.len())
-        .sum();
-    assert_eq!(spans as u64, count);
+    assert_eq!(span_count(&v2.trace.unwrap().resource_spans) as u64, count);
     let j = api.json(&format!("/api/v2/traces/{id}")).await;
     assert!(j["trace"]["resourceSpans"].is_array(), "{j}");
     let j = api.json(&format!("/api/traces/{id}")).await;
