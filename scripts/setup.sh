@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v mold >/dev/null 2>&1 || need_apt+=(mold)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${1:-}" = "--python" ]; then
   command -v psql >/dev/null 2>&1 || need_apt+=(postgresql-client)
   command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)

@@ -133,6 +133,16 @@ pub struct ServeArgs {
     /// and writes every tenant).
     #[arg(long, env = "WEFT_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Serve TLS on every port with this PEM certificate chain (server certificate first);
+    /// re-read on SIGHUP. Needs --tls-key.
+    #[arg(long, env = "WEFT_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "WEFT_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Ask every client for a certificate signed by this PEM CA (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "WEFT_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// The TOML file: the same keys as the flags, all optional.
@@ -177,6 +187,9 @@ struct FileConfig {
     log: Option<String>,
     auth_file: Option<PathBuf>,
     insecure_no_auth: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// The validated configuration.
@@ -202,6 +215,8 @@ pub struct Config {
     pub auth_file: Option<PathBuf>,
     /// Listen beyond loopback without an auth file.
     pub insecure_no_auth: bool,
+    /// TLS on every listener, when configured.
+    pub tls: Option<crate::tls::TlsPaths>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -416,7 +431,39 @@ impl Config {
                 detail: "must be greater than 0".into(),
             });
         }
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+            args.tls_client_ca.or(file.tls_client_ca),
+        ) {
+            (Some(cert), Some(key), client_ca) => Some(crate::tls::TlsPaths {
+                cert,
+                key,
+                client_ca,
+            }),
+            (None, None, None) => None,
+            (Some(_), None, _) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_key",
+                    detail: "--tls-cert needs --tls-key (the certificate's PEM private key)".into(),
+                });
+            }
+            (None, Some(_), _) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_cert",
+                    detail: "--tls-key needs --tls-cert (the PEM certificate chain)".into(),
+                });
+            }
+            (None, None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: "tls_client_ca",
+                    detail: "client certificates need TLS: give --tls-cert and --tls-key too"
+                        .into(),
+                });
+            }
+        };
         Ok(Self {
+            tls,
             auth_file: args.auth_file.or(file.auth_file),
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
             gpu: args.gpu || file.gpu.unwrap_or(false),

@@ -22,6 +22,7 @@ pub mod sql;
 pub mod state;
 pub mod tempo;
 pub mod time;
+pub mod tls;
 pub mod traces;
 
 #[cfg(test)]

@@ -62,9 +62,19 @@ impl Histogram {
 #[derive(Debug, Default)]
 pub struct RequestMetrics {
     routes: Mutex<BTreeMap<String, Arc<Histogram>>>,
+    /// TLS handshakes that failed or ran out of time (the TLS listeners count them).
+    pub tls_handshake_failures: Arc<AtomicU64>,
 }
 
 impl RequestMetrics {
+    /// Request metrics that report the TLS listeners' handshake failures from `counter`.
+    pub fn with_tls_counter(counter: Arc<AtomicU64>) -> Self {
+        Self {
+            routes: Mutex::default(),
+            tls_handshake_failures: counter,
+        }
+    }
+
     pub fn observe(&self, route: &str, d: Duration) {
         let h = {
             let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
@@ -121,6 +131,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     let mut out = String::with_capacity(8192);
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let i = &ingester.stats;
+    counter(
+        &mut out,
+        "weft_tls_handshake_failures_total",
+        "TLS handshakes that failed (no or a refused client certificate, plain text on a TLS port, a client that gave up) or took longer than 10 s.",
+        load(&requests.tls_handshake_failures),
+    );
     counter(
         &mut out,
         "weft_spans_accepted_total",

@@ -43,6 +43,8 @@ pub enum ServeError {
     Close(weft_storage::StorageError),
     #[error("{0}")]
     Auth(String),
+    #[error("{0}")]
+    Tls(String),
     #[error(
         "refusing to listen on {0} without an auth file: give --auth-file FILE, or --insecure-no-auth to let anyone who reaches the port read and write every tenant"
     )]
@@ -85,6 +87,43 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Serve
         .map_err(|source| ServeError::Bind { addr, what, source })
 }
 
+fn listen_addrs(config: &Config) -> impl Iterator<Item = SocketAddr> {
+    [
+        config.otlp_grpc_listen,
+        config.otlp_http_listen,
+        config.http_listen,
+        config.pg_listen,
+    ]
+    .into_iter()
+}
+
+/// Serves `router` on `listener`, through TLS when it is configured, until `stop`.
+async fn serve_http(
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::Tls>>,
+    what: &'static str,
+    router: Router,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    match tls {
+        Some(tls) => {
+            axum::serve(tls.listen(listener, &[b"http/1.1"], what), router)
+                .with_graceful_shutdown(shutdown_signal(stop))
+                .await
+        }
+        None => {
+            // TCP_NODELAY: answers are written in several pieces (streamed SQL results);
+            // without it Nagle's algorithm and delayed ACKs add tens of milliseconds to each.
+            let nodelay = |s: &mut tokio::net::TcpStream| {
+                let _ = s.set_nodelay(true);
+            };
+            axum::serve(listener.tap_io(nodelay), router)
+                .with_graceful_shutdown(shutdown_signal(stop))
+                .await
+        }
+    }
+}
+
 async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
@@ -109,14 +148,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let auth = match &config.auth_file {
         Some(path) => Some(Arc::new(auth::Auth::load(path).map_err(ServeError::Auth)?)),
         None => {
-            let open = [
-                config.otlp_grpc_listen,
-                config.otlp_http_listen,
-                config.http_listen,
-                config.pg_listen,
-            ]
-            .into_iter()
-            .find(|a| !a.ip().is_loopback());
+            let open = listen_addrs(&config).find(|a| !a.ip().is_loopback());
             match open {
                 Some(addr) if !config.insecure_no_auth => return Err(ServeError::Insecure(addr)),
                 Some(addr) => {
@@ -125,6 +157,19 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
                 None => tracing::info!(
                     "no auth file: every request is accepted (loopback addresses only)"
                 ),
+            }
+            None
+        }
+    };
+    let tls = match &config.tls {
+        Some(paths) => Some(Arc::new(
+            crate::tls::Tls::load(paths).map_err(ServeError::Tls)?,
+        )),
+        None => {
+            if auth.is_some()
+                && let Some(addr) = listen_addrs(&config).find(|a| !a.ip().is_loopback())
+            {
+                tracing::warn!(%addr, "tokens travel in clear on a non-loopback address: give --tls-cert and --tls-key");
             }
             None
         }
@@ -148,7 +193,11 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let state: SharedState = Arc::new(AppState {
         store: store.clone(),
         ingester,
-        requests: RequestMetrics::default(),
+        requests: RequestMetrics::with_tls_counter(
+            tls.as_ref()
+                .map(|t| t.failed_handshakes.clone())
+                .unwrap_or_default(),
+        ),
         sql: SqlEngine::new(store.clone(), config.sql.clone()),
         auth: auth.clone(),
     });
@@ -162,7 +211,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let grpc_auth = auth::GrpcAuth(auth.clone());
-    let grpc = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .add_service(InterceptedService::new(
             otlp::grpc::service(state.clone()),
             grpc_auth.clone(),
@@ -174,27 +223,49 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         .add_service(InterceptedService::new(
             otlp::grpc::metrics_service(state.clone()),
             grpc_auth,
-        ))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener),
-            shutdown_signal(stop_rx.clone()),
-        );
-    // TCP_NODELAY: answers are written in several pieces (streamed SQL results); without it
-    // Nagle's algorithm and delayed ACKs add tens of milliseconds to each.
-    let nodelay = |s: &mut tokio::net::TcpStream| {
-        let _ = s.set_nodelay(true);
+        ));
+    let grpc = {
+        let tls = tls.clone();
+        let stop = stop_rx.clone();
+        async move {
+            match tls {
+                Some(tls) => {
+                    let incoming = tls.listen(grpc_listener, &[b"h2"], "OTLP/gRPC");
+                    grpc_router
+                        .serve_with_incoming_shutdown(incoming.into_stream(), shutdown_signal(stop))
+                        .await
+                }
+                None => {
+                    grpc_router
+                        .serve_with_incoming_shutdown(
+                            tonic::transport::server::TcpIncoming::from(grpc_listener),
+                            shutdown_signal(stop),
+                        )
+                        .await
+                }
+            }
+        }
     };
-    let otlp_http = axum::serve(
-        http_listener.tap_io(nodelay),
+    let otlp_http = serve_http(
+        http_listener,
+        tls.clone(),
+        "OTLP/HTTP",
         otlp::http::router(state.clone()).route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), auth::Scope::Write),
             auth::http,
         )),
-    )
-    .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
-    let api = axum::serve(api_listener.tap_io(nodelay), api_router(state.clone()))
-        .with_graceful_shutdown(shutdown_signal(stop_rx.clone()));
-    if let Some(auth) = auth.clone() {
+        stop_rx.clone(),
+    );
+    let api = serve_http(
+        api_listener,
+        tls.clone(),
+        "query API",
+        api_router(state.clone()),
+        stop_rx.clone(),
+    );
+    if auth.is_some() || tls.is_some() {
+        let auth = auth.clone();
+        let tls = tls.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             #[cfg(unix)]
@@ -206,11 +277,24 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
                 };
                 loop {
                     tokio::select! {
-                        _ = hup.recv() => match auth.reload() {
-                            Ok(n) => tracing::info!(tokens = n, "auth file read again"),
-                            Err(e) => tracing::error!(error = %e, "auth file not read again; the tokens in force stay"),
-                        },
+                        _ = hup.recv() => {}
                         _ = stop.changed() => break,
+                    }
+                    if let Some(auth) = &auth {
+                        match auth.reload() {
+                            Ok(n) => tracing::info!(tokens = n, "auth file read again"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "auth file not read again; the tokens in force stay")
+                            }
+                        }
+                    }
+                    if let Some(tls) = &tls {
+                        match tls.reload() {
+                            Ok(()) => tracing::info!("TLS certificate and key read again"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "TLS certificate not read again; the one in force stays")
+                            }
+                        }
                     }
                 }
             }
@@ -218,6 +302,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     }
     let pg = sql::pg::serve(
         pg_listener,
+        tls.as_ref().map(|t| t.acceptor(&[b"postgresql"])),
         state.clone(),
         config.pg_password.clone(),
         shutdown_signal(stop_rx.clone()),
@@ -229,6 +314,8 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         otlp_http = %config.otlp_http_listen,
         http = %config.http_listen,
         pg = %config.pg_listen,
+        tls = tls.is_some(),
+        client_certificates = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         startup_ms = started.elapsed().as_millis() as u64,
         "weft is ready"
     );

@@ -30,8 +30,10 @@ class Weft:
     def __init__(self, data_dir: pathlib.Path, extra: tuple = ()):
         self.grpc_port, self.otlp_port, self.http_port = free_port(), free_port(), free_port()
         self.pg_port = free_port()
-        self.http = f"http://127.0.0.1:{self.http_port}"
-        self.otlp_http = f"http://127.0.0.1:{self.otlp_port}"
+        tls = "--tls-cert" in extra
+        scheme = "https" if tls else "http"
+        self.http = f"{scheme}://127.0.0.1:{self.http_port}"
+        self.otlp_http = f"{scheme}://127.0.0.1:{self.otlp_port}"
         self.otlp_grpc = f"127.0.0.1:{self.grpc_port}"
         self.proc = subprocess.Popen(
             [
@@ -47,6 +49,15 @@ class Weft:
         )
         deadline = time.time() + 60
         while time.time() < deadline:
+            if tls:
+                # over TLS the listener taking connections is the sign: the ports are bound
+                # only once the store is open
+                try:
+                    socket.create_connection(("127.0.0.1", self.http_port), timeout=1).close()
+                    return
+                except OSError:
+                    time.sleep(0.05)
+                    continue
             try:
                 with urllib.request.urlopen(f"{self.http}/ready", timeout=1) as r:
                     if r.status == 200:

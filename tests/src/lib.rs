@@ -72,9 +72,10 @@ impl Weft {
     fn spawn_once(&mut self) -> bool {
         let (g, o, h, p) = (free_port(), free_port(), free_port(), free_port());
         self.pg = p;
-        self.grpc = format!("http://127.0.0.1:{g}");
-        self.otlp = format!("http://127.0.0.1:{o}");
-        self.http = format!("http://127.0.0.1:{h}");
+        let scheme = if self.tls() { "https" } else { "http" };
+        self.grpc = format!("{scheme}://127.0.0.1:{g}");
+        self.otlp = format!("{scheme}://127.0.0.1:{o}");
+        self.http = format!("{scheme}://127.0.0.1:{h}");
         let child = Command::new(weft_binary())
             .arg("serve")
             .arg("--data-dir")
@@ -98,11 +99,21 @@ impl Weft {
         self.wait_ready()
     }
 
+    /// Whether the server was started with `--tls-cert` (its URLs are then `https://`).
+    pub fn tls(&self) -> bool {
+        self.extra.iter().any(|a| a == "--tls-cert")
+    }
+
     /// Whether the server became ready; `false` when it exited first.
     fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let addr = self.http.trim_start_matches("http://").to_owned();
+        let addr = self.http.split("://").nth(1).unwrap_or_default().to_owned();
         while Instant::now() < deadline {
+            // over TLS (which may ask for a client certificate), the listener taking connections
+            // is the sign: the server binds its ports only once the store is open
+            if self.tls() && std::net::TcpStream::connect(&addr).is_ok() {
+                return true;
+            }
             if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
                 use std::io::{Read, Write};
                 let _ = s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");

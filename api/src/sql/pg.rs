@@ -6,6 +6,8 @@
 //! - Simple and extended query protocols; text and binary results with PostgreSQL's type OIDs.
 //! - Only reads: `BEGIN`/`COMMIT`/`ROLLBACK`, `SET` and `DISCARD` are accepted as no-ops so
 //!   that drivers can run their usual session set-up; everything else that writes is refused.
+//! - With `--tls-cert`, connections must negotiate TLS (`SSLRequest`, or direct TLS with ALPN
+//!   `postgresql`); others are refused at start-up.
 //! - With `--auth-file`, the password is a token (sent in clear: use TLS beyond loopback) that
 //!   must be allowed to read the database's tenant (28P01 for no or an unknown token, 42501 for
 //!   another tenant's or one without the read scope). Else with `--pg-password`, clients
@@ -49,6 +51,7 @@ use crate::state::SharedState;
 /// Accepts connections until `shutdown` resolves; each connection runs on its own task.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<pgwire::tokio::TlsAcceptor>,
     state: SharedState,
     password: Option<String>,
     shutdown: impl Future<Output = ()>,
@@ -60,6 +63,7 @@ pub async fn serve(
             parser: Arc::new(Parser { state }),
         }),
         startup: Arc::new(Startup {
+            require_tls: tls.is_some(),
             tokens: auth.map(|a| {
                 CleartextPasswordAuthStartupHandler::new(TokenSource(a), server_parameters())
             }),
@@ -79,8 +83,9 @@ pub async fn serve(
                 Ok((socket, _)) => {
                     let _ = socket.set_nodelay(true);
                     let h = handlers.clone();
+                    let tls = tls.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = pgwire::tokio::process_socket(socket, None, h).await {
+                        if let Err(e) = pgwire::tokio::process_socket(socket, tls, h).await {
                             tracing::debug!(error = %e, "PostgreSQL connection ended with an error");
                         }
                     });
@@ -177,6 +182,8 @@ type TokenStartup =
     CleartextPasswordAuthStartupHandler<TokenSource, DefaultServerParameterProvider>;
 
 struct Startup {
+    /// TLS is configured: connections that did not negotiate it are refused.
+    require_tls: bool,
     tokens: Option<TokenStartup>,
     md5: Option<Md5PasswordAuthStartupHandler<Secret, DefaultServerParameterProvider>>,
 }
@@ -210,6 +217,14 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        if self.require_tls && !client.is_secure() {
+            return Err(user_error(
+                "FATAL",
+                "28000",
+                "this server takes TLS connections only: connect with sslmode=require (or verify-full)"
+                    .into(),
+            ));
+        }
         if let PgWireFrontendMessage::Startup(startup) = &message
             && let Err(e) =
                 tenant_of_database(startup.parameters.get("database").map(String::as_str))

@@ -13,3 +13,4 @@ mod retention;
 mod search;
 mod sql;
 mod tempo;
+mod tls;
