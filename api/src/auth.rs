@@ -7,7 +7,15 @@
 //! sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 //! tenant = "acme"
 //! scopes = ["read", "write"]
+//! scram_sha256 = "SCRAM-SHA-256$4096:…$…:…"   # optional: PostgreSQL sign-in with SCRAM
 //! ```
+//!
+//! `scram_sha256` is the token's SCRAM-SHA-256 verifier in PostgreSQL's own form (iterations,
+//! salt, StoredKey, ServerKey), which `weft token new` prints: with it a PostgreSQL client proves
+//! it holds the token without sending it (`sql/scram.rs`). Every verifier uses one salt,
+//! [`SCRAM_SALT`]: the server must name the salt before it learns which token the client holds
+//! (the user name is free), and tokens are 256 random bits, which no salt needs to protect
+//! from guessing.
 //!
 //! A request acts for the tenant it names (`X-Scope-OrgID`, the PostgreSQL database) or, naming
 //! none, for its token's tenant; a token may only name its own tenant (an admin token, any).
@@ -61,9 +69,83 @@ impl Denied {
     }
 }
 
+/// The salt and iteration count of every SCRAM verifier (see the module's notes).
+pub const SCRAM_SALT: &[u8; 16] = b"weft/token/scram";
+pub const SCRAM_ITERATIONS: u32 = 4096;
+
+/// A token's SCRAM-SHA-256 keys (RFC 5802): `StoredKey` checks a client's proof, `ServerKey`
+/// signs the server's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScramKeys {
+    pub stored: [u8; 32],
+    pub server: [u8; 32],
+}
+
+/// HMAC-SHA-256.
+pub fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let tag = ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key), data);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(tag.as_ref());
+    out
+}
+
+impl ScramKeys {
+    /// The keys of a token, with Weft's salt and iteration count.
+    pub fn of_token(token: &str) -> Self {
+        let mut salted = [0u8; 32];
+        ring::pbkdf2::derive(
+            ring::pbkdf2::PBKDF2_HMAC_SHA256,
+            std::num::NonZeroU32::new(SCRAM_ITERATIONS).expect("non-zero"),
+            SCRAM_SALT,
+            token.as_bytes(),
+            &mut salted,
+        );
+        Self {
+            stored: Sha256::digest(hmac(&salted, b"Client Key")).into(),
+            server: hmac(&salted, b"Server Key"),
+        }
+    }
+
+    /// PostgreSQL's verifier text: `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`.
+    pub fn verifier(&self) -> String {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        format!(
+            "SCRAM-SHA-256${SCRAM_ITERATIONS}:{}${}:{}",
+            b64(SCRAM_SALT),
+            b64(&self.stored),
+            b64(&self.server)
+        )
+    }
+
+    /// Reads a verifier made by [`ScramKeys::verifier`].
+    pub fn parse(text: &str) -> Result<Self, String> {
+        use base64::Engine;
+        let bad = || {
+            "scram_sha256 must be a verifier as `weft token new` prints it (SCRAM-SHA-256$4096:salt$StoredKey:ServerKey)".to_owned()
+        };
+        let rest = text.trim().strip_prefix("SCRAM-SHA-256$").ok_or_else(bad)?;
+        let (params, keys) = rest.split_once('$').ok_or_else(bad)?;
+        let (iterations, salt) = params.split_once(':').ok_or_else(bad)?;
+        let (stored, server) = keys.split_once(':').ok_or_else(bad)?;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.decode(s).ok();
+        if iterations != SCRAM_ITERATIONS.to_string() || b64(salt).as_deref() != Some(SCRAM_SALT) {
+            return Err(format!(
+                "scram_sha256 must use Weft's salt and {SCRAM_ITERATIONS} iterations (the server names one salt before it knows the token): make it with `weft token new`"
+            ));
+        }
+        let key = |s: &str| b64(s).and_then(|b| <[u8; 32]>::try_from(b).ok());
+        Ok(Self {
+            stored: key(stored).ok_or_else(bad)?,
+            server: key(server).ok_or_else(bad)?,
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Token {
     sha256: [u8; 32],
+    scram: Option<ScramKeys>,
     /// `None`: every tenant.
     tenant: Option<TenantId>,
     read: bool,
@@ -75,6 +157,7 @@ struct FileToken {
     sha256: String,
     tenant: String,
     scopes: Vec<String>,
+    scram_sha256: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -126,8 +209,15 @@ fn read(path: &Path) -> Result<Vec<Token>, String> {
             if !read && !write {
                 return Err(at("scopes must name read and/or write".into()));
             }
+            let scram = t
+                .scram_sha256
+                .as_deref()
+                .map(ScramKeys::parse)
+                .transpose()
+                .map_err(at)?;
             Ok(Token {
                 sha256: bytes,
+                scram,
                 tenant,
                 read,
                 write,
@@ -171,46 +261,86 @@ impl Auth {
         // compare with every entry, each in full, so the time taken says nothing of the match
         let mut found = None;
         for t in tokens.iter() {
-            let diff = t
-                .sha256
-                .iter()
-                .zip(&digest)
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if diff == 0 {
+            if same(&t.sha256, &digest) {
                 found = Some(t);
             }
         }
         let found = found.ok_or_else(|| Denied::Unauthenticated("unknown token".into()))?;
-        let named = match named.map(str::trim).filter(|n| !n.is_empty()) {
-            Some(n) => Some(
-                TenantId::new(n).map_err(|e| Denied::Forbidden(format!("tenant {n:?}: {e}")))?,
-            ),
-            None => None,
-        };
-        let tenant = match (&found.tenant, named) {
-            (Some(own), Some(n)) if *own != n => {
-                return Err(Denied::Forbidden(format!(
-                    "this token is bound to tenant {own}, not {n}"
-                )));
-            }
-            (Some(own), _) => own.clone(),
-            (None, Some(n)) => n,
-            (None, None) => TenantId::default_tenant(),
-        };
-        if let Some(scope) = scope {
-            let allowed = match scope {
-                Scope::Read => found.read,
-                Scope::Write => found.write,
-            };
-            if !allowed {
-                return Err(Denied::Forbidden(format!(
-                    "this token lacks the {} scope",
-                    scope.name()
-                )));
+        allow(found, named, scope)
+    }
+
+    /// Whether any token in force has a SCRAM verifier (PostgreSQL then signs in with
+    /// SCRAM-SHA-256 instead of a clear-text password).
+    pub fn has_scram(&self) -> bool {
+        self.tokens
+            .read()
+            .expect("auth lock")
+            .iter()
+            .any(|t| t.scram.is_some())
+    }
+
+    /// SCRAM: the token whose `StoredKey` `proves` accepts, authorised like [`Auth::authorize`];
+    /// returns the tenant and that token's `ServerKey`.
+    pub fn authorize_scram(
+        &self,
+        proves: impl Fn(&ScramKeys) -> bool,
+        named: Option<&str>,
+        scope: Option<Scope>,
+    ) -> Result<(TenantId, [u8; 32]), Denied> {
+        let tokens = self.tokens.read().expect("auth lock").clone();
+        let mut found = None;
+        for t in tokens.iter() {
+            if let Some(keys) = &t.scram
+                && proves(keys)
+            {
+                found = Some((t, keys.server));
             }
         }
-        Ok(tenant)
+        let (found, server) = found.ok_or_else(|| {
+            Denied::Unauthenticated(
+                "no token with a SCRAM verifier (scram_sha256) matches the password".into(),
+            )
+        })?;
+        Ok((allow(found, named, scope)?, server))
     }
+}
+
+/// Constant-time equality of two digests.
+pub fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `found` may act for `named` (or its own tenant) with `scope`.
+fn allow(found: &Token, named: Option<&str>, scope: Option<Scope>) -> Result<TenantId, Denied> {
+    let named = match named.map(str::trim).filter(|n| !n.is_empty()) {
+        Some(n) => {
+            Some(TenantId::new(n).map_err(|e| Denied::Forbidden(format!("tenant {n:?}: {e}")))?)
+        }
+        None => None,
+    };
+    let tenant = match (&found.tenant, named) {
+        (Some(own), Some(n)) if *own != n => {
+            return Err(Denied::Forbidden(format!(
+                "this token is bound to tenant {own}, not {n}"
+            )));
+        }
+        (Some(own), _) => own.clone(),
+        (None, Some(n)) => n,
+        (None, None) => TenantId::default_tenant(),
+    };
+    if let Some(scope) = scope {
+        let allowed = match scope {
+            Scope::Read => found.read,
+            Scope::Write => found.write,
+        };
+        if !allowed {
+            return Err(Denied::Forbidden(format!(
+                "this token lacks the {} scope",
+                scope.name()
+            )));
+        }
+    }
+    Ok(tenant)
 }
 
 /// The token of an `Authorization: Bearer …` value.
@@ -313,13 +443,14 @@ pub fn new_token(tenant: &str, scopes: &[String]) -> Result<(String, String), St
     }
     let token = hex::encode(rand::random::<[u8; 32]>());
     let lines = format!(
-        "[[token]]\nsha256 = \"{}\"\ntenant = \"{tenant}\"\nscopes = [{}]\n",
+        "[[token]]\nsha256 = \"{}\"\ntenant = \"{tenant}\"\nscopes = [{}]\nscram_sha256 = \"{}\"\n",
         token_hash(&token),
         scopes
             .iter()
             .map(|s| format!("\"{s}\""))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        ScramKeys::of_token(&token).verifier()
     );
     Ok((token, lines))
 }

@@ -4,3 +4,4 @@
 pub mod encode;
 pub mod http;
 pub mod pg;
+pub mod scram;

@@ -8,7 +8,8 @@
 //!   that drivers can run their usual session set-up; everything else that writes is refused.
 //! - With `--tls-cert`, connections must negotiate TLS (`SSLRequest`, or direct TLS with ALPN
 //!   `postgresql`); others are refused at start-up.
-//! - With `--auth-file`, the password is a token (sent in clear: use TLS beyond loopback) that
+//! - With `--auth-file`, the password is a token, proven with SCRAM-SHA-256 when the auth file
+//!   carries SCRAM verifiers (`sql/scram.rs`; else sent in clear: use TLS beyond loopback), that
 //!   must be allowed to read the database's tenant (28P01 for no or an unknown token, 42501 for
 //!   another tenant's or one without the read scope). Else with `--pg-password`, clients
 //!   authenticate with md5; otherwise any user is accepted.
@@ -27,8 +28,9 @@ use futures::{Sink, Stream, StreamExt};
 use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
 use pgwire::api::auth::md5pass::{Md5PasswordAuthStartupHandler, hash_md5_password};
 use pgwire::api::auth::{
-    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
-    finish_authentication, protocol_negotiation, save_startup_parameters_to_metadata,
+    AuthDriver, AuthOutcome, AuthSource, DefaultServerParameterProvider, LoginInfo, Password,
+    StartupHandler, finish_authentication, protocol_negotiation,
+    save_startup_parameters_to_metadata,
 };
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -64,6 +66,9 @@ pub async fn serve(
         }),
         startup: Arc::new(Startup {
             require_tls: tls.is_some(),
+            scram: auth
+                .clone()
+                .map(|a| (a, AuthDriver::new(server_parameters()))),
             tokens: auth.map(|a| {
                 CleartextPasswordAuthStartupHandler::new(TokenSource(a), server_parameters())
             }),
@@ -178,12 +183,21 @@ impl AuthSource for TokenSource {
     }
 }
 
+/// Connection metadata key: this connection signs in with SCRAM.
+const SCRAM_MARK: &str = "weft.scram";
+
 type TokenStartup =
     CleartextPasswordAuthStartupHandler<TokenSource, DefaultServerParameterProvider>;
 
 struct Startup {
     /// TLS is configured: connections that did not negotiate it are refused.
     require_tls: bool,
+    /// SCRAM-SHA-256 over the tokens, used when any token in force has a verifier.
+    scram: Option<(
+        Arc<crate::auth::Auth>,
+        AuthDriver<DefaultServerParameterProvider>,
+    )>,
+    /// The token as a clear-text password, when no token has a SCRAM verifier.
     tokens: Option<TokenStartup>,
     md5: Option<Md5PasswordAuthStartupHandler<Secret, DefaultServerParameterProvider>>,
 }
@@ -197,7 +211,7 @@ pub fn tenant_of_database(db: Option<&str>) -> Result<TenantId, String> {
     }
 }
 
-fn user_error(severity: &str, code: &str, message: String) -> PgWireError {
+pub(crate) fn user_error(severity: &str, code: &str, message: String) -> PgWireError {
     PgWireError::UserError(Box::new(ErrorInfo::new(
         severity.to_owned(),
         code.to_owned(),
@@ -230,6 +244,34 @@ impl StartupHandler for Startup {
                 tenant_of_database(startup.parameters.get("database").map(String::as_str))
         {
             return Err(user_error("FATAL", "3D000", e));
+        }
+        if let Some((auth, driver)) = &self.scram {
+            // the method is chosen at start-up and kept for the connection's later messages
+            let scram = match &message {
+                PgWireFrontendMessage::Startup(_) => auth.has_scram(),
+                _ => client.metadata().contains_key(SCRAM_MARK),
+            };
+            if scram {
+                let outcome = match message {
+                    PgWireFrontendMessage::Startup(ref startup) => {
+                        protocol_negotiation(client, startup).await?;
+                        save_startup_parameters_to_metadata(client, startup);
+                        client.metadata_mut().insert(SCRAM_MARK.into(), "1".into());
+                        let mechanism = Box::new(super::scram::TokenScram::new(auth.clone()));
+                        driver.begin_authentication(client, mechanism).await?
+                    }
+                    PgWireFrontendMessage::PasswordMessageFamily(m) => {
+                        driver.advance_authentication(client, m).await?
+                    }
+                    _ => return Ok(()),
+                };
+                if let AuthOutcome::Authenticated { final_message, .. } = outcome {
+                    driver
+                        .complete_authentication(client, final_message)
+                        .await?;
+                }
+                return Ok(());
+            }
         }
         if let Some(tokens) = &self.tokens {
             return tokens.on_startup(client, message).await;

@@ -211,6 +211,7 @@ async fn every_surface_refuses_missing_wrong_and_foreign_tokens() {
     let mut ok = PgClient::connect_with(&pg, "acme", Some(&ro))
         .await
         .unwrap();
+    assert_eq!(ok.signed_in_with, "scram-sha-256");
     // acme: traces 1 and 2 over HTTP, 4 over gRPC
     assert_eq!(ok.query("SELECT trace_id FROM spans").await.unwrap(), 3);
 
@@ -241,6 +242,93 @@ async fn every_surface_refuses_missing_wrong_and_foreign_tokens() {
         200,
         "kept after a bad file"
     );
+}
+
+/// PostgreSQL proves the token with SCRAM-SHA-256 when the auth file carries verifiers (real
+/// psql, and the bench client, which checks the server's signature), and takes it as a
+/// clear-text password from a file without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_signs_in_with_scram_over_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (acme, acme_lines) = new_token("acme", "read");
+    let (admin, admin_lines) = new_token("*", "read");
+    let (writer, writer_lines) = new_token("acme", "write");
+    assert!(acme_lines.contains("scram_sha256 = \"SCRAM-SHA-256$4096:"));
+    let auth = dir.path().join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!("{acme_lines}\n{admin_lines}\n{writer_lines}"),
+    )
+    .unwrap();
+    let w = Weft::start(
+        &dir.path().join("data"),
+        &["--auth-file", auth.to_str().unwrap()],
+    );
+    let pg = format!("127.0.0.1:{}", w.pg);
+    let psql = |db: &str, password: &str| {
+        let out = std::process::Command::new("psql")
+            .arg(format!(
+                "host=127.0.0.1 port={} dbname={db} user=anyone connect_timeout=10",
+                w.pg
+            ))
+            .args(["-X", "-A", "-t", "-c", "SELECT 40 + 2"])
+            .env("PGPASSWORD", password)
+            .output()
+            .expect("psql");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    assert_eq!(psql("acme", &acme).trim(), "42");
+    assert_eq!(psql("globex", &admin).trim(), "42");
+    let wrong = psql("acme", "not-a-token");
+    assert!(
+        wrong
+            .to_lowercase()
+            .contains("password authentication failed"),
+        "{wrong}"
+    );
+    let foreign = psql("globex", &acme);
+    assert!(foreign.contains("bound to tenant acme"), "{foreign}");
+    let unscoped = psql("acme", &writer);
+    assert!(unscoped.contains("lacks the read scope"), "{unscoped}");
+    let c = PgClient::connect_with(&pg, "acme", Some(&acme))
+        .await
+        .unwrap();
+    assert_eq!(c.signed_in_with, "scram-sha-256");
+    let refused = PgClient::connect_with(&pg, "acme", Some(&admin[1..])).await;
+    assert!(refused.err().unwrap().to_string().contains("28P01"));
+
+    // a file without verifiers (an older one): the token as a clear-text password
+    let legacy: String = format!("{acme_lines}\n{admin_lines}")
+        .lines()
+        .filter(|l| !l.starts_with("scram_sha256"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&auth, legacy).unwrap();
+    hangup(w.pid());
+    let mut method = "";
+    for _ in 0..100 {
+        method = PgClient::connect_with(&pg, "acme", Some(&acme))
+            .await
+            .unwrap()
+            .signed_in_with;
+        if method == "password" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(method, "password");
+    assert_eq!(psql("acme", &acme).trim(), "42");
+    // a verifier that is not Weft's is refused with the reason, and the tokens in force stay
+    std::fs::write(&auth, acme_lines.replace("$4096:", "$8192:")).unwrap();
+    let out = std::process::Command::new(weft_binary())
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .args(["--auth-file", auth.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scram_sha256 must use Weft's salt"), "{err}");
 }
 
 /// Sends SIGHUP (the server reads its auth file again).
