@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// a block whole; 0 flushes every row at once [default: 2].
     #[arg(long, env = "WEFT_PARENT_WAIT_FLUSHES")]
     pub parent_wait_flushes: Option<u8>,
+    /// Start even when a block meta or head record fails its checksum: leave it out and log it
+    /// (its rows are not served) instead of refusing to start. `weft check` lists the damage.
+    #[arg(long, env = "WEFT_SKIP_CORRUPT_BLOCKS")]
+    pub skip_corrupt_blocks: bool,
     /// Run the NVML GPU collector in the server (points under the default tenant); without an
     /// NVIDIA driver it logs one line and the server runs without it [default: off].
     #[arg(long, env = "WEFT_GPU")]
@@ -163,6 +167,7 @@ struct FileConfig {
     cache_bytes: Option<usize>,
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
+    skip_corrupt_blocks: Option<bool>,
     span_metrics_interval: Option<String>,
     gpu: Option<bool>,
     gpu_interval: Option<String>,
@@ -349,6 +354,8 @@ impl Config {
                 .or(file.parent_wait_flushes)
                 .unwrap_or(store_default.parent_wait_flushes),
             compression: compression(args.compression.or(file.compression))?,
+            skip_corrupt_blocks: args.skip_corrupt_blocks
+                || file.skip_corrupt_blocks.unwrap_or(false),
             retention: retention::retention(
                 RetentionKeys {
                     retention: args.retention,

@@ -30,6 +30,13 @@ enum Command {
     /// Sample this host's NVIDIA GPUs through NVML and send the points (and XID events) to a
     /// Weft server over OTLP/HTTP; exits non-zero when no NVIDIA driver or library is found.
     GpuAgent(GpuAgentArgs),
+    /// Verify a stopped store: checksums of every block value and head record, and RocksDB's own;
+    /// lists what is damaged and exits 1 if anything is.
+    Check {
+        /// The data directory (`--data-dir` of `serve`).
+        #[arg(long, env = "WEFT_DATA_DIR", default_value = "./weft-data")]
+        data_dir: std::path::PathBuf,
+    },
     /// Tokens for the auth file (`--auth-file`).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -93,6 +100,12 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Serve(args)) => (args, false),
         Some(Command::Reindex(args)) => (args, true),
         Some(Command::GpuAgent(args)) => return gpu_agent(args),
+        Some(Command::Check { data_dir }) => {
+            let report = weft_storage::store::check(&data_dir)
+                .map_err(|e| anyhow::anyhow!("cannot check {}: {e}", data_dir.display()))?;
+            println!("{report}");
+            std::process::exit(if report.damaged.is_empty() { 0 } else { 1 });
+        }
         Some(Command::Token(TokenCommand::New { tenant, scopes })) => {
             let (token, lines) =
                 weft_api::auth::new_token(&tenant, &scopes).map_err(anyhow::Error::msg)?;

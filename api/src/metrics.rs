@@ -269,6 +269,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_corrupt_skipped_total",
+        "Block metas and head records left out at start because they failed their checksums (--skip-corrupt-blocks).",
+        load(&s.corrupt_skipped),
+    );
+    counter(
+        &mut out,
         "weft_blocks_written_total",
         "Blocks written.",
         load(&s.blocks_written),

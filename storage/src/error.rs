@@ -18,6 +18,16 @@ pub enum StorageError {
     },
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    #[error(
+        "corrupt data in {signal} block {block} of tenant {tenant} ({part}): {detail}; `weft check --data-dir DIR` on the stopped store lists what is damaged"
+    )]
+    CorruptBlock {
+        tenant: String,
+        signal: &'static str,
+        block: String,
+        part: String,
+        detail: String,
+    },
     #[error("unsupported format version {found} of {what} (this build reads up to {supported})")]
     UnsupportedVersion {
         what: &'static str,

@@ -17,6 +17,7 @@ pub mod model;
 pub mod request;
 pub mod retention;
 pub mod schema;
+pub mod seal;
 pub mod signal;
 pub mod store;
 pub mod summary;

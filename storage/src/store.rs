@@ -31,6 +31,7 @@ use crate::head::{Head, HeadSnapshot};
 use crate::keys::{self, BlockAddr, Signal};
 use crate::model::{LogRecord, MetricPoint, SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
 use crate::retention::Retention;
+use crate::seal::{self, seal, unseal};
 use crate::signal::Row;
 use crate::terms::{self, TermFilter};
 
@@ -65,6 +66,9 @@ pub struct StoreOptions {
     /// of its spans, so that it reaches a block whole (SDKs export children before their
     /// parents); 0 flushes every row at once.
     pub parent_wait_flushes: u8,
+    /// Start even when a block meta or head record fails its checksum, leaving it out (and
+    /// logging it) instead of refusing to open.
+    pub skip_corrupt_blocks: bool,
 }
 
 impl Default for StoreOptions {
@@ -80,6 +84,7 @@ impl Default for StoreOptions {
             merge_idle: Duration::from_secs(60),
             compression: Default::default(),
             parent_wait_flushes: 2,
+            skip_corrupt_blocks: false,
         }
     }
 }
@@ -87,6 +92,8 @@ impl Default for StoreOptions {
 /// Counters for the server's `/metrics`.
 #[derive(Default, Debug)]
 pub struct StoreStats {
+    /// Block metas and head records left out at open because they failed their checksums.
+    pub corrupt_skipped: AtomicU64,
     pub rows_appended: AtomicU64,
     pub rows_deduplicated: AtomicU64,
     pub appends_refused: AtomicU64,
@@ -545,7 +552,21 @@ impl Store {
                 graves.push((tenant, parts.signal, addr));
                 continue;
             }
-            let meta = Arc::new(BlockMeta::decode(&value)?);
+            let meta = match unseal(&value)
+                .map_err(|e| e.to_owned())
+                .and_then(|v| BlockMeta::decode(v).map_err(|e| e.to_string()))
+                .map_err(|e| {
+                    let e = format!("{e}; start with --skip-corrupt-blocks to serve without it");
+                    seal::damaged(&tenant, parts.signal, addr, "block meta", e)
+                }) {
+                Ok(meta) => Arc::new(meta),
+                Err(e) if self.opts.skip_corrupt_blocks => {
+                    tracing::error!(error = %e, "block left out (--skip-corrupt-blocks)");
+                    self.stats.corrupt_skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match parts.signal {
                 Signal::Spans => SpanRecord::insert_block(&mut state, tenant, addr, meta),
                 Signal::Logs => LogRecord::insert_block(&mut state, tenant, addr, meta),
@@ -560,10 +581,28 @@ impl Store {
             let seq = keys::read_u64(parts.rest)
                 .ok_or_else(|| StorageError::corrupt("head key", hex::encode(&key)))?;
             let tenant = TenantId::new(parts.tenant)?;
+            let value = match unseal(&value) {
+                Ok(v) => v,
+                Err(e) => {
+                    let e = StorageError::corrupt(
+                        "head record",
+                        format!(
+                            "{} record {seq} of tenant {tenant}: {e}; start with --skip-corrupt-blocks to leave it out (its rows are lost)",
+                            parts.signal.name()
+                        ),
+                    );
+                    if !self.opts.skip_corrupt_blocks {
+                        return Err(e);
+                    }
+                    tracing::error!(error = %e, "head record left out (--skip-corrupt-blocks)");
+                    self.stats.corrupt_skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
             match parts.signal {
-                Signal::Spans => SpanRecord::replay(&mut state, tenant, &key, &value, now)?,
-                Signal::Logs => LogRecord::replay(&mut state, tenant, &key, &value, now)?,
-                Signal::Metrics => MetricPoint::replay(&mut state, tenant, &key, &value, now)?,
+                Signal::Spans => SpanRecord::replay(&mut state, tenant, &key, value, now)?,
+                Signal::Logs => LogRecord::replay(&mut state, tenant, &key, value, now)?,
+                Signal::Metrics => MetricPoint::replay(&mut state, tenant, &key, value, now)?,
             }
             state.next_seq = state.next_seq.max(seq + 1);
         }
@@ -718,9 +757,12 @@ impl Store {
         let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
         let written = self.write_hook(fresh.len()).and_then(|()| {
-            Ok(self
-                .db
-                .put_cf_opt(self.cf(CF_HEAD), &key, R::encode_rows(&fresh), &self.sync)?)
+            Ok(self.db.put_cf_opt(
+                self.cf(CF_HEAD),
+                &key,
+                seal(R::encode_rows(&fresh)),
+                &self.sync,
+            )?)
         });
         self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -1069,7 +1111,7 @@ impl Store {
                 state.next_seq - 1
             };
             let wal_key = keys::head(tenant, R::SIGNAL, seq);
-            batch.put_cf(self.cf(CF_HEAD), &wal_key, R::encode_rows(&kept_rows));
+            batch.put_cf(self.cf(CF_HEAD), &wal_key, seal(R::encode_rows(&kept_rows)));
             self.stats
                 .rows_waiting
                 .fetch_add(kept_rows.len() as u64, Ordering::Relaxed);
@@ -1117,24 +1159,32 @@ impl Store {
     ) -> Result<()> {
         let data = self.cf(CF_DATA);
         for (column, bytes) in &built.chunks {
-            batch.put_cf(data, keys::chunk(tenant, signal, addr, column), bytes);
+            batch.put_cf(
+                data,
+                keys::chunk(tenant, signal, addr, column),
+                seal(bytes.to_vec()),
+            );
         }
         for (dim, bytes) in &built.postings {
-            batch.put_cf(data, keys::postings(tenant, signal, addr, dim), bytes);
+            batch.put_cf(
+                data,
+                keys::postings(tenant, signal, addr, dim),
+                seal(bytes.to_vec()),
+            );
         }
         batch.put_cf(
             data,
             keys::block_key(tenant, signal, keys::TRACES, addr),
-            encode_traces(&built.traces),
+            seal(encode_traces(&built.traces)),
         );
         for entry in &built.traces {
             let key = keys::trace_id(tenant, signal, &entry.trace_id, addr);
-            batch.put_cf(data, key, encode_traces(std::slice::from_ref(entry)));
+            batch.put_cf(data, key, seal(encode_traces(std::slice::from_ref(entry))));
         }
         batch.put_cf(
             self.cf(CF_META),
             keys::block_key(tenant, signal, keys::META, addr),
-            built.meta.encode(),
+            seal(built.meta.encode()),
         );
         Ok(())
     }
@@ -1205,7 +1255,9 @@ impl Store {
             }
             let addr = keys::read_addr(&key[prefix.len()..])
                 .ok_or_else(|| StorageError::corrupt("trace-id key", hex::encode(&key)))?;
-            let mut entries = decode_traces(&value)?;
+            let value = unseal(&value)
+                .map_err(|e| seal::damaged(tenant, signal, addr, "trace-id entry", e))?;
+            let mut entries = decode_traces(value)?;
             let entry = entries
                 .pop()
                 .ok_or_else(|| StorageError::corrupt("trace-id entry", "empty"))?;
@@ -1364,9 +1416,14 @@ impl Store {
         addr: BlockAddr,
     ) -> Result<Vec<TraceEntry>> {
         let key = keys::block_key(tenant, signal, keys::TRACES, addr);
-        match self.db.get_pinned_cf(self.cf(CF_DATA), key)? {
-            Some(v) => decode_traces(&v),
-            None => Err(StorageError::corrupt("block", "trace summaries missing")),
+        let damaged = |e: String| seal::damaged(tenant, signal, addr, "trace summaries", e);
+        match self
+            .db
+            .get_pinned_cf(self.cf(CF_DATA), key)
+            .map_err(|e| read_error(e, damaged))?
+        {
+            Some(v) => decode_traces(unseal(&v).map_err(damaged)?),
+            None => Err(damaged("missing".into())),
         }
     }
 
@@ -1420,8 +1477,16 @@ impl Store {
         if let Some(d) = self.postings.get(&key) {
             return Ok(d);
         }
-        let (bytes, decoded) = match self.db.get_pinned_cf(self.cf(CF_DATA), &key)? {
-            Some(v) => (v.len(), Arc::new(decode_postings(&v)?)),
+        let damaged = |e: String| seal::damaged(tenant, signal, addr, format!("postings {dim}"), e);
+        let (bytes, decoded) = match self
+            .db
+            .get_pinned_cf(self.cf(CF_DATA), &key)
+            .map_err(|e| read_error(e, damaged))?
+        {
+            Some(v) => (
+                v.len(),
+                Arc::new(decode_postings(unseal(&v).map_err(damaged)?)?),
+            ),
             None => (0, Arc::new(Vec::new())),
         };
         self.postings.insert(key, bytes, decoded.clone());
@@ -1709,6 +1774,16 @@ impl Lane for MetricPoint {
     }
 }
 
+/// A RocksDB read error, named for the block part it was reading when RocksDB found its own
+/// checksums wrong.
+fn read_error(e: rocksdb::Error, damaged: impl FnOnce(String) -> StorageError) -> StorageError {
+    if e.kind() == rocksdb::ErrorKind::Corruption {
+        damaged(e.to_string())
+    } else {
+        e.into()
+    }
+}
+
 /// Reads column chunks of one block from RocksDB.
 pub struct ChunkFetcher<'a> {
     store: &'a Store,
@@ -1755,14 +1830,26 @@ impl ChunkSource for ChunkFetcher<'_> {
         if let Some(bytes) = self.store.chunks.get(&key) {
             return Ok(Some(bytes));
         }
+        let damaged = |e: String| {
+            seal::damaged(
+                &self.tenant,
+                self.signal,
+                self.addr,
+                format!("column {column}"),
+                e,
+            )
+        };
         let Some(bytes) = self
             .store
             .db
-            .get_cf(self.store.cf(CF_DATA), &key)?
+            .get_cf(self.store.cf(CF_DATA), &key)
+            .map_err(|e| read_error(e, damaged))?
             .map(Bytes::from)
         else {
             return Ok(None);
         };
+        let len = seal::payload_len(&bytes).map_err(damaged)?;
+        let bytes = bytes.slice(..len);
         // a chunk larger than an eighth of the cache would empty it too often
         if bytes.len() <= CHUNK_CACHE_BYTES / 8 {
             self.store.chunks.insert(key, bytes.len(), bytes.clone());
@@ -1771,6 +1858,7 @@ impl ChunkSource for ChunkFetcher<'_> {
     }
 }
 
+mod check;
 mod expire;
 mod logs;
 mod merge;
@@ -1778,6 +1866,7 @@ mod metrics;
 mod request;
 mod retire;
 
+pub use check::{CheckReport, check};
 pub use request::TraceRequests;
 
 pub use logs::{LogScan, TextHits};

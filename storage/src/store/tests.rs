@@ -8,6 +8,7 @@ use super::*;
 use crate::model::*;
 use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 
+mod corrupt;
 mod logs;
 mod metrics;
 mod text;

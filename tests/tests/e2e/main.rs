@@ -3,6 +3,7 @@
 mod analytics;
 mod auth;
 mod common;
+mod corruption;
 mod crash;
 mod gpu;
 mod grafana;
