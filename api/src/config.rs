@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// RocksDB block cache in bytes [default: 134217728].
     #[arg(long, env = "WEFT_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
+    /// Refuse writes (507, RESOURCE_EXHAUSTED; reads go on) while the data directory's
+    /// filesystem has fewer free bytes than this; 0 never refuses [default: 268435456].
+    #[arg(long, env = "WEFT_MIN_FREE_DISK")]
+    pub min_free_disk: Option<u64>,
     /// A window that received no block for this long has its small blocks merged, e.g. 60s
     /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
     #[arg(long, env = "WEFT_MERGE_IDLE")]
@@ -165,6 +169,7 @@ struct FileConfig {
     max_pending_rows: Option<usize>,
     block_window: Option<String>,
     cache_bytes: Option<usize>,
+    min_free_disk: Option<u64>,
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
     skip_corrupt_blocks: Option<bool>,
@@ -344,6 +349,10 @@ impl Config {
                 .cache_bytes
                 .or(file.cache_bytes)
                 .unwrap_or(store_default.cache_bytes),
+            min_free_disk: args
+                .min_free_disk
+                .or(file.min_free_disk)
+                .unwrap_or(store_default.min_free_disk),
             merge_idle: duration(
                 "merge_idle",
                 args.merge_idle.or(file.merge_idle),

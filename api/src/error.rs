@@ -37,6 +37,8 @@ pub enum Class {
     UnsupportedMediaType,
     /// Retry after the hint (ms).
     Retry(u64),
+    /// The disk is (nearly) full: 507, `RESOURCE_EXHAUSTED`; retry once space returns.
+    DiskFull,
     Unavailable,
     Internal,
 }
@@ -56,6 +58,7 @@ impl Class {
         match e {
             StorageError::InvalidTenant { .. } | StorageError::InvalidId { .. } => Self::BadRequest,
             StorageError::Overloaded { retry_after_ms, .. } => Self::Retry(*retry_after_ms),
+            StorageError::DiskFull { .. } => Self::DiskFull,
             StorageError::ShuttingDown => Self::Unavailable,
             _ => Self::Internal,
         }
@@ -68,6 +71,7 @@ impl Class {
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Retry(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::DiskFull => StatusCode::INSUFFICIENT_STORAGE,
             Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -78,7 +82,7 @@ impl Class {
             Self::BadRequest | Self::UnsupportedMediaType => tonic::Code::InvalidArgument,
             Self::NotFound => tonic::Code::NotFound,
             Self::TooLarge => tonic::Code::ResourceExhausted,
-            Self::Retry(_) => tonic::Code::ResourceExhausted,
+            Self::Retry(_) | Self::DiskFull => tonic::Code::ResourceExhausted,
             Self::Unavailable => tonic::Code::Unavailable,
             Self::Internal => tonic::Code::Internal,
         }
@@ -89,6 +93,7 @@ impl Class {
         match self {
             Self::Retry(ms) => Some(ms.div_ceil(1000).max(1)),
             Self::Unavailable => Some(1),
+            Self::DiskFull => Some(10),
             _ => None,
         }
     }

@@ -269,6 +269,18 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_writes_refused_disk_full_total",
+        "Writes refused (507 / RESOURCE_EXHAUSTED) because the data directory's filesystem had less free space than --min-free-disk.",
+        load(&s.refused_disk_full),
+    );
+    gauge(
+        &mut out,
+        "weft_disk_free_bytes",
+        "Free bytes on the data directory's filesystem (for an unprivileged writer).",
+        store.disk.free_bytes() as f64,
+    );
+    counter(
+        &mut out,
         "weft_corrupt_skipped_total",
         "Block metas and head records left out at start because they failed their checksums (--skip-corrupt-blocks).",
         load(&s.corrupt_skipped),

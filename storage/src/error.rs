@@ -16,6 +16,10 @@ pub enum StorageError {
         pending_rows: usize,
         retry_after_ms: u64,
     },
+    #[error(
+        "the data directory's filesystem has {free} bytes free, under the {min_free} bytes --min-free-disk keeps: writes are refused until space returns (reads go on)"
+    )]
+    DiskFull { free: u64, min_free: u64 },
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error(

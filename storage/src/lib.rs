@@ -10,6 +10,7 @@ pub mod block;
 mod cache;
 pub mod clock;
 pub mod codec;
+pub mod disk;
 pub mod error;
 pub mod head;
 pub mod keys;

@@ -69,6 +69,9 @@ pub struct StoreOptions {
     /// Start even when a block meta or head record fails its checksum, leaving it out (and
     /// logging it) instead of refusing to open.
     pub skip_corrupt_blocks: bool,
+    /// Refuse writes (retryably) while the data directory's filesystem has less free space
+    /// than this, in bytes; 0 never refuses.
+    pub min_free_disk: u64,
 }
 
 impl Default for StoreOptions {
@@ -85,6 +88,7 @@ impl Default for StoreOptions {
             compression: Default::default(),
             parent_wait_flushes: 2,
             skip_corrupt_blocks: false,
+            min_free_disk: 256 << 20,
         }
     }
 }
@@ -92,6 +96,8 @@ impl Default for StoreOptions {
 /// Counters for the server's `/metrics`.
 #[derive(Default, Debug)]
 pub struct StoreStats {
+    /// Writes refused because the disk was (nearly) full.
+    pub refused_disk_full: AtomicU64,
     /// Block metas and head records left out at open because they failed their checksums.
     pub corrupt_skipped: AtomicU64,
     pub rows_appended: AtomicU64,
@@ -339,6 +345,8 @@ pub struct Store {
     idle_flushed: AtomicBool,
     /// Parsed footers of column chunks, by chunk key.
     footers: Bounded<ArrowReaderMetadata>,
+    /// Free space of the data directory (writes refused under `min_free_disk`).
+    pub disk: crate::disk::DiskGuard,
     /// Column chunks recently read, by key, weighed in bytes: a repeated query decodes from
     /// memory instead of copying chunks out of RocksDB again.
     chunks: Bounded<Bytes>,
@@ -433,6 +441,7 @@ impl Store {
         let mut sync = WriteOptions::default();
         sync.set_sync(true);
         let text = crate::text::TextIndex::open(path.join("text"))?;
+        let disk = crate::disk::DiskGuard::new(path.clone(), opts.min_free_disk);
         let store = Self {
             db,
             path,
@@ -445,6 +454,7 @@ impl Store {
             opened: Instant::now(),
             idle_flushed: AtomicBool::new(true),
             footers: Bounded::new(FOOTER_CACHE_ENTRIES),
+            disk,
             chunks: Bounded::new(CHUNK_CACHE_BYTES),
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
@@ -695,6 +705,10 @@ impl Store {
     /// Sorts a request's rows into new (reserved for this request's write), being written by
     /// another request, and durable already; refuses when the tenant's head is full.
     fn reserve<R: Lane>(&self, tenant: &TenantId, rows: Vec<R>) -> Result<Reserved<R>> {
+        if let Err(e) = self.disk.check() {
+            self.stats.refused_disk_full.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
         let total = rows.len();
         let stored = R::stored_ids(self, tenant, &rows)?;
         let mut state = self.lock();
@@ -763,6 +777,16 @@ impl Store {
                 seal(R::encode_rows(&fresh)),
                 &self.sync,
             )?)
+        });
+        let written = written.map_err(|e| match e {
+            StorageError::RocksDb(e) if crate::disk::is_out_of_space(&e) => {
+                self.stats.refused_disk_full.fetch_add(1, Ordering::Relaxed);
+                StorageError::DiskFull {
+                    free: self.disk.free_bytes(),
+                    min_free: self.opts.min_free_disk,
+                }
+            }
+            e => e,
         });
         self.stats.wal_writes.fetch_add(1, Ordering::Relaxed);
         self.stats

@@ -5,6 +5,7 @@ mod auth;
 mod common;
 mod corruption;
 mod crash;
+mod diskfull;
 mod gpu;
 mod grafana;
 mod hostile;
