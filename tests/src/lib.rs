@@ -40,11 +40,13 @@ pub struct Weft {
     /// PostgreSQL wire port.
     pub pg: u16,
     extra: Vec<String>,
+    /// Environment variables the server is started with.
+    pub env: Vec<(String, String)>,
 }
 
 impl Weft {
-    pub fn start(dir: &Path, extra: &[&str]) -> Self {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    /// [`Weft::start`] with environment variables (an `LD_PRELOAD`, …).
+    pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut w = Weft {
             child: None,
             dir: dir.to_owned(),
@@ -52,10 +54,18 @@ impl Weft {
             otlp: String::new(),
             http: String::new(),
             pg: 0,
-            extra,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         w.spawn();
         w
+    }
+
+    pub fn start(dir: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(dir, extra, &[])
     }
 
     fn spawn(&mut self) {
@@ -92,6 +102,7 @@ impl Weft {
             ])
             .args(&self.extra)
             .env("WEFT_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .spawn()
             .expect("start weft");
