@@ -19,6 +19,7 @@ use weft_bench::generator::{GenConfig, Generator, Profile, batches};
 
 mod logs_bench;
 mod metrics_bench;
+mod soak;
 mod tempo_bench;
 
 #[derive(Parser)]
@@ -247,6 +248,25 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
+    /// A long run: a server on a fresh data directory takes steady ingest (spans stamped now)
+    /// and a mix of queries (by id, search, SQL over HTTP, PostgreSQL) for N minutes; prints
+    /// RSS, open files, data size, ingest and per-kind latencies and errors every interval.
+    Soak {
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Spans sent each second.
+        #[arg(long, default_value_t = 10_000)]
+        spans_per_sec: usize,
+        /// Seconds between report lines.
+        #[arg(long, default_value_t = 60)]
+        every: u64,
+        /// The server's retention (expiry runs during the soak when it is shorter than it).
+        #[arg(long, default_value = "10m")]
+        retention: String,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+    },
     /// Compact a stopped server's store (a full RocksDB compaction), as `peers` does before
     /// its queries, so that a store can be queried in the same state by hand
     Compact {
@@ -396,6 +416,19 @@ fn main() -> anyhow::Result<()> {
             let ids = trace_ids(&data.config(), samples);
             rt.block_on(tempo_bench::tempo(&target, &ids, runs))
         }
+        Cmd::Soak {
+            minutes,
+            spans_per_sec,
+            every,
+            retention,
+            weft,
+        } => rt.block_on(soak::soak(soak::SoakOpts {
+            minutes,
+            spans_per_sec,
+            every: Duration::from_secs(every.max(1)),
+            weft,
+            retention,
+        })),
         Cmd::Lookup {
             data,
             target,
