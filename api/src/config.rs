@@ -129,6 +129,16 @@ pub struct ServeArgs {
     /// Optimised SQL plans kept for queries sent again with the same text; 0 keeps none [default: 512].
     #[arg(long, env = "WEFT_SQL_PLAN_CACHE")]
     pub sql_plan_cache: Option<usize>,
+    /// SQL queries (HTTP and PostgreSQL together) that may run at once; more wait for a turn
+    /// [default: twice the cores, at least 4].
+    #[arg(long, env = "WEFT_SQL_MAX_CONCURRENT")]
+    pub sql_max_concurrent: Option<usize>,
+    /// How long a query waits for a turn before 503 / SQLSTATE 53300, e.g. 5s [default: 5s].
+    #[arg(long, env = "WEFT_SQL_QUEUE_WAIT")]
+    pub sql_queue_wait: Option<String>,
+    /// PostgreSQL connections open at once; more are refused with SQLSTATE 53300 [default: 256].
+    #[arg(long, env = "WEFT_PG_MAX_CONNECTIONS")]
+    pub pg_max_connections: Option<usize>,
     /// Log filter, e.g. info or weft=debug [default: info].
     #[arg(long, env = "WEFT_LOG")]
     pub log: Option<String>,
@@ -191,6 +201,9 @@ struct FileConfig {
     sql_memory_limit: Option<usize>,
     sql_timeout: Option<String>,
     sql_plan_cache: Option<usize>,
+    sql_max_concurrent: Option<usize>,
+    sql_queue_wait: Option<String>,
+    pg_max_connections: Option<usize>,
     /// Context windows by model (name or prefix): `[context_windows]`.
     #[serde(default)]
     context_windows: BTreeMap<String, u64>,
@@ -213,6 +226,8 @@ pub struct Config {
     pub store: StoreOptions,
     pub pg_listen: SocketAddr,
     pub pg_password: Option<String>,
+    /// PostgreSQL connections open at once.
+    pub pg_max_connections: usize,
     pub sql: SqlConfig,
     pub redaction: weft_ingest::redact::RedactionPolicy,
     pub log: String,
@@ -414,8 +429,25 @@ impl Config {
                 .or(file.sql_plan_cache)
                 .unwrap_or(sql_default.plan_cache),
             context_windows: file.context_windows.clone(),
+            max_concurrent: positive(
+                "sql_max_concurrent",
+                args.sql_max_concurrent
+                    .or(file.sql_max_concurrent)
+                    .unwrap_or(sql_default.max_concurrent),
+            )?,
+            queue_wait: duration(
+                "sql_queue_wait",
+                args.sql_queue_wait.or(file.sql_queue_wait),
+                sql_default.queue_wait,
+            )?,
             ..sql_default
         };
+        let pg_max_connections = positive(
+            "pg_max_connections",
+            args.pg_max_connections
+                .or(file.pg_max_connections)
+                .unwrap_or(256),
+        )?;
         if sql.timeout.is_zero() {
             return Err(ConfigError::Invalid {
                 key: "sql_timeout",
@@ -491,6 +523,7 @@ impl Config {
                 args.pg_listen.or(file.pg_listen),
                 "127.0.0.1:5433",
             )?,
+            pg_max_connections,
             pg_password: args
                 .pg_password
                 .or(file.pg_password)

@@ -303,6 +303,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
     let pg = sql::pg::serve(
         pg_listener,
         tls.as_ref().map(|t| t.acceptor(&[b"postgresql"])),
+        config.pg_max_connections,
         state.clone(),
         config.pg_password.clone(),
         shutdown_signal(stop_rx.clone()),

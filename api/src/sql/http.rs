@@ -42,6 +42,7 @@ fn status_of(e: &SqlError) -> StatusCode {
         SqlErrorKind::ResourcesExhausted => StatusCode::UNPROCESSABLE_ENTITY,
         SqlErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
         SqlErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        SqlErrorKind::Busy => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -60,7 +61,14 @@ pub(crate) fn error_response(e: &SqlError) -> Response {
     if e.kind == SqlErrorKind::Internal {
         tracing::error!(error = %e.message, "query failed");
     }
-    (status_of(e), Json(error_json(e))).into_response()
+    let mut resp = (status_of(e), Json(error_json(e))).into_response();
+    if e.kind == SqlErrorKind::Busy {
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    resp
 }
 
 fn bad_request(message: String) -> Response {

@@ -54,6 +54,7 @@ use crate::state::SharedState;
 pub async fn serve(
     listener: TcpListener,
     tls: Option<pgwire::tokio::TlsAcceptor>,
+    max_connections: usize,
     state: SharedState,
     password: Option<String>,
     shutdown: impl Future<Output = ()>,
@@ -80,6 +81,7 @@ pub async fn serve(
             }),
         }),
     });
+    let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -87,9 +89,14 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((socket, _)) => {
                     let _ = socket.set_nodelay(true);
+                    let Ok(open) = connections.clone().try_acquire_owned() else {
+                        tokio::spawn(refuse(socket, max_connections));
+                        continue;
+                    };
                     let h = handlers.clone();
                     let tls = tls.clone();
                     tokio::spawn(async move {
+                        let _open = open;
                         if let Err(e) = pgwire::tokio::process_socket(socket, tls, h).await {
                             tracing::debug!(error = %e, "PostgreSQL connection ended with an error");
                         }
@@ -102,6 +109,32 @@ pub async fn serve(
             },
         }
     }
+}
+
+/// Answers a connection over `--pg-max-connections` with PostgreSQL's own refusal (FATAL
+/// 53300) before any start-up, and closes it.
+async fn refuse(mut socket: tokio::net::TcpStream, max: usize) {
+    use tokio::io::AsyncWriteExt;
+    let message = format!(
+        "sorry, too many clients already: {max} connections are open, the most --pg-max-connections allows"
+    );
+    let mut fields = Vec::new();
+    for (tag, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "53300"),
+        (b'M', &message),
+    ] {
+        fields.push(tag);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut frame = vec![b'E'];
+    frame.extend_from_slice(&((fields.len() + 4) as i32).to_be_bytes());
+    frame.extend_from_slice(&fields);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), socket.write_all(&frame)).await;
+    let _ = socket.shutdown().await;
 }
 
 fn server_parameters() -> DefaultServerParameterProvider {
@@ -360,6 +393,7 @@ fn sql_error(e: SqlError) -> PgWireError {
         SqlErrorKind::Timeout => "57014",            // query_canceled
         SqlErrorKind::Execution => "22000",
         SqlErrorKind::Internal => "XX000",
+        SqlErrorKind::Busy => "53300", // too_many_connections
     };
     let mut info = ErrorInfo::new("ERROR".to_owned(), code.to_owned(), e.message.clone());
     if let Some(l) = e.line

@@ -20,6 +20,7 @@ pub mod shared;
 pub mod tables;
 mod timebin;
 
+use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +59,10 @@ pub struct SqlConfig {
     /// Context windows (tokens) by model name or name prefix, for the saturation analytics
     /// (over the built-in defaults of common models).
     pub context_windows: std::collections::BTreeMap<String, u64>,
+    /// Queries that may run at once, over HTTP and PostgreSQL together; more wait.
+    pub max_concurrent: usize,
+    /// How long a query waits for a turn before it is refused (503 / SQLSTATE 53300).
+    pub queue_wait: Duration,
 }
 
 impl Default for SqlConfig {
@@ -69,6 +74,10 @@ impl Default for SqlConfig {
             pushdown: true,
             plan_cache: 512,
             context_windows: Default::default(),
+            max_concurrent: std::thread::available_parallelism()
+                .map_or(4, |n| n.get() * 2)
+                .max(4),
+            queue_wait: Duration::from_secs(5),
         }
     }
 }
@@ -96,6 +105,8 @@ pub enum SqlErrorKind {
     Execution,
     /// Weft failed (storage, a bug): not the query's fault.
     Internal,
+    /// Too many queries are running: retry shortly.
+    Busy,
 }
 
 impl std::fmt::Display for SqlError {
@@ -202,6 +213,8 @@ pub struct SqlEngine {
     /// plain plans every optimisation is checked against).
     plain: Arc<SessionState>,
     plans: Arc<plans::PlanCache>,
+    /// Turns to run: `max_concurrent` permits.
+    turns: Arc<tokio::sync::Semaphore>,
 }
 
 impl SqlEngine {
@@ -248,6 +261,7 @@ impl SqlEngine {
             template: template(true),
             plain: template(false),
             plans: Arc::new(plans::PlanCache::new(config.plan_cache)),
+            turns: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent.max(1))),
             config,
         }
     }
@@ -354,6 +368,9 @@ impl SqlEngine {
         Ok(Session {
             ctx,
             runtime,
+            turns: self.turns.clone(),
+            max_concurrent: self.config.max_concurrent.max(1),
+            queue_wait: self.config.queue_wait,
             tables: described,
             plans: self.plans.clone(),
             tenant: tenant.clone(),
@@ -399,6 +416,10 @@ pub struct Session {
     pub ctx: SessionContext,
     /// The query's own runtime: its memory pool and spill files.
     runtime: Arc<RuntimeEnv>,
+    /// The engine's turns to run (see [`SqlConfig::max_concurrent`]).
+    turns: Arc<tokio::sync::Semaphore>,
+    max_concurrent: usize,
+    queue_wait: Duration,
     tables: pg_catalog::CatalogTables,
     plans: Arc<plans::PlanCache>,
     tenant: TenantId,
@@ -479,6 +500,21 @@ impl Session {
         &self,
         prepared: impl Into<Prepared>,
     ) -> Result<QueryStream, SqlError> {
+        // a turn, held until the result stream is dropped (read to its end or abandoned)
+        let turn = match tokio::time::timeout(self.queue_wait, self.turns.clone().acquire_owned())
+            .await
+        {
+            Ok(Ok(turn)) => turn,
+            _ => {
+                return Err(SqlError::new(
+                    SqlErrorKind::Busy,
+                    format!(
+                        "{} SQL queries are running, the most allowed (--sql-max-concurrent), and none finished within {:?}: retry shortly",
+                        self.max_concurrent, self.queue_wait
+                    ),
+                ));
+            }
+        };
         let Prepared {
             plan,
             physical: slot,
@@ -515,6 +551,13 @@ impl Session {
         let task = Arc::new(task.with_runtime(self.runtime.clone()));
         let stream = datafusion::physical_plan::execute_stream(physical, task)
             .map_err(|e| SqlError::from_datafusion(e, false))?;
+        let held = stream.map(move |batch| {
+            let _turn = &turn;
+            batch
+        });
+        let stream = Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema.clone(), held),
+        );
         Ok(QueryStream { schema, stream })
     }
 }

@@ -457,3 +457,100 @@ async fn a_query_over_its_limits_fails_alone() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("authentication failed"));
 }
+
+/// Admission: at most `--sql-max-concurrent` queries run; one more waits `--sql-queue-wait`,
+/// then gets 503 with `Retry-After` (SQLSTATE 53300 over PostgreSQL); PostgreSQL connections
+/// past `--pg-max-connections` are refused with 53300; the turns and connections come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_and_connections_over_their_caps_are_refused_and_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = weft_tests::Weft::start(
+        dir.path(),
+        &[
+            "--sql-max-concurrent",
+            "1",
+            "--sql-queue-wait",
+            "200ms",
+            "--sql-timeout",
+            "4s",
+            "--pg-max-connections",
+            "2",
+        ],
+    );
+    let c = Client::new();
+    let slow = {
+        let url = format!("{}/api/v1/sql", w.http);
+        tokio::spawn(async move {
+            let body = serde_json::json!({
+                "query": "SELECT count(*) FROM generate_series(1, 20000000000) AS t(x) WHERE x % 7 = 3"
+            });
+            Client::new()
+                .post(
+                    &url,
+                    &[("content-type", "application/json")],
+                    body.to_string(),
+                )
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let busy = c
+        .post(
+            &format!("{}/api/v1/sql", w.http),
+            &[("content-type", "application/json")],
+            r#"{"query": "SELECT 1"}"#.to_owned(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(busy.status, 503, "{}", busy.text());
+    assert!(
+        busy.text().contains("--sql-max-concurrent"),
+        "{}",
+        busy.text()
+    );
+    assert_eq!(busy.retry_after.as_deref(), Some("1"));
+    let pg = format!("127.0.0.1:{}", w.pg);
+    let mut one = weft_bench::pgclient::PgClient::connect(&pg, "weft")
+        .await
+        .unwrap();
+    let err = one.query("SELECT 1").await.unwrap_err().to_string();
+    assert!(err.contains("53300"), "{err}");
+    // the slow query ends (its time limit), and its turn comes back
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, 504, "{}", slow.text());
+    assert_eq!(one.query("SELECT 1").await.unwrap(), 1);
+
+    // connections: two open, the third refused with PostgreSQL's own message
+    let two = weft_bench::pgclient::PgClient::connect(&pg, "weft")
+        .await
+        .unwrap();
+    let third = weft_bench::pgclient::PgClient::connect(&pg, "weft").await;
+    let err = third
+        .err()
+        .expect("a third connection is refused")
+        .to_string();
+    assert!(
+        err.contains("53300") && err.contains("too many clients"),
+        "{err}"
+    );
+    drop(two);
+    let mut again = None;
+    for _ in 0..50 {
+        again = weft_bench::pgclient::PgClient::connect(&pg, "weft")
+            .await
+            .ok();
+        if again.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        again
+            .expect("a connection after one closed")
+            .query("SELECT 1")
+            .await
+            .unwrap(),
+        1
+    );
+}
