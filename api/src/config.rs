@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// filesystem has fewer free bytes than this; 0 never refuses [default: 268435456].
     #[arg(long, env = "WEFT_MIN_FREE_DISK")]
     pub min_free_disk: Option<u64>,
+    /// Tenants the server takes data for; writes for one more are refused with 429 naming
+    /// this limit; 0: no limit [default: 10000].
+    #[arg(long, env = "WEFT_MAX_TENANTS")]
+    pub max_tenants: Option<usize>,
     /// A window that received no block for this long has its small blocks merged, e.g. 60s
     /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
     #[arg(long, env = "WEFT_MERGE_IDLE")]
@@ -180,6 +184,7 @@ struct FileConfig {
     block_window: Option<String>,
     cache_bytes: Option<usize>,
     min_free_disk: Option<u64>,
+    max_tenants: Option<usize>,
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
     skip_corrupt_blocks: Option<bool>,
@@ -368,6 +373,10 @@ impl Config {
                 .min_free_disk
                 .or(file.min_free_disk)
                 .unwrap_or(store_default.min_free_disk),
+            max_tenants: args
+                .max_tenants
+                .or(file.max_tenants)
+                .unwrap_or(store_default.max_tenants),
             merge_idle: duration(
                 "merge_idle",
                 args.merge_idle.or(file.merge_idle),

@@ -59,6 +59,7 @@ impl Class {
             StorageError::InvalidTenant { .. } | StorageError::InvalidId { .. } => Self::BadRequest,
             StorageError::Overloaded { retry_after_ms, .. } => Self::Retry(*retry_after_ms),
             StorageError::DiskFull { .. } => Self::DiskFull,
+            StorageError::TooManyTenants { .. } => Self::Retry(60_000),
             StorageError::ShuttingDown => Self::Unavailable,
             _ => Self::Internal,
         }

@@ -273,6 +273,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         "Writes refused (507 / RESOURCE_EXHAUSTED) because the data directory's filesystem had less free space than --min-free-disk.",
         load(&s.refused_disk_full),
     );
+    counter(
+        &mut out,
+        "weft_writes_refused_tenants_total",
+        "Writes refused because they would add a tenant past --max-tenants.",
+        load(&s.refused_tenants),
+    );
     gauge(
         &mut out,
         "weft_disk_free_bytes",

@@ -20,6 +20,10 @@ pub enum StorageError {
         "the data directory's filesystem has {free} bytes free, under the {min_free} bytes --min-free-disk keeps: writes are refused until space returns (reads go on)"
     )]
     DiskFull { free: u64, min_free: u64 },
+    #[error(
+        "this store holds data of {max} tenants, the most --max-tenants allows: writes for another tenant are refused"
+    )]
+    TooManyTenants { max: usize },
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error(

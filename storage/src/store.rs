@@ -72,6 +72,8 @@ pub struct StoreOptions {
     /// Refuse writes (retryably) while the data directory's filesystem has less free space
     /// than this, in bytes; 0 never refuses.
     pub min_free_disk: u64,
+    /// Tenants the store takes rows for; rows of one more are refused. 0: no limit.
+    pub max_tenants: usize,
 }
 
 impl Default for StoreOptions {
@@ -89,6 +91,7 @@ impl Default for StoreOptions {
             parent_wait_flushes: 2,
             skip_corrupt_blocks: false,
             min_free_disk: 256 << 20,
+            max_tenants: 10_000,
         }
     }
 }
@@ -96,6 +99,8 @@ impl Default for StoreOptions {
 /// Counters for the server's `/metrics`.
 #[derive(Default, Debug)]
 pub struct StoreStats {
+    /// Writes refused because they would add a tenant past `max_tenants`.
+    pub refused_tenants: AtomicU64,
     /// Writes refused because the disk was (nearly) full.
     pub refused_disk_full: AtomicU64,
     /// Block metas and head records left out at open because they failed their checksums.
@@ -327,6 +332,23 @@ struct State {
     splits: HashMap<TenantId, Arc<HashSet<TraceId>>>,
     next_seq: u64,
     next_block: u64,
+}
+
+impl State {
+    /// Whether the tenant has rows (or had, in this process) of any signal.
+    fn knows(&self, tenant: &TenantId) -> bool {
+        self.spans.contains_key(tenant)
+            || self.logs.contains_key(tenant)
+            || self.metrics.contains_key(tenant)
+    }
+
+    /// Tenants with rows of any signal.
+    fn tenant_count(&self) -> usize {
+        let mut all: HashSet<&TenantId> = self.spans.keys().collect();
+        all.extend(self.logs.keys());
+        all.extend(self.metrics.keys());
+        all.len()
+    }
 }
 
 pub struct Store {
@@ -712,6 +734,11 @@ impl Store {
         let total = rows.len();
         let stored = R::stored_ids(self, tenant, &rows)?;
         let mut state = self.lock();
+        let max = self.opts.max_tenants;
+        if max > 0 && !state.knows(tenant) && state.tenant_count() >= max {
+            self.stats.refused_tenants.fetch_add(1, Ordering::Relaxed);
+            return Err(StorageError::TooManyTenants { max });
+        }
         let seq = state.next_seq;
         state.next_seq += 1;
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();

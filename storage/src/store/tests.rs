@@ -1080,3 +1080,31 @@ fn blocks_merged_before_a_crash_are_deleted_at_the_next_open() {
         assert_same(&store.trace(&t, &id).unwrap(), &want);
     }
 }
+
+#[test]
+fn rows_of_a_tenant_past_max_tenants_are_refused_and_known_tenants_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || StoreOptions {
+        max_tenants: 2,
+        ..small_opts()
+    };
+    let spans = random_traces(21, 2);
+    {
+        let store = Store::open(dir.path(), opts()).unwrap();
+        store.append(&tenant("a"), spans.clone()).unwrap();
+        store.append(&tenant("b"), spans.clone()).unwrap();
+        let err = store.append(&tenant("c"), spans.clone()).unwrap_err();
+        assert!(
+            matches!(err, StorageError::TooManyTenants { max: 2 }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--max-tenants"));
+        assert_eq!(store.stats.refused_tenants.load(Ordering::Relaxed), 1);
+        store.append(&tenant("a"), random_traces(22, 1)).unwrap();
+        store.close().unwrap();
+    }
+    // the tenants of the blocks count after a restart
+    let store = Store::open(dir.path(), opts()).unwrap();
+    assert!(store.append(&tenant("c"), spans.clone()).is_err());
+    store.append(&tenant("b"), random_traces(23, 1)).unwrap();
+}

@@ -307,3 +307,43 @@ async fn ten_thousand_span_trace_and_retried_batches_are_stored_once() {
     assert_eq!(found["traces"][0]["span_count"], 10_000);
     assert_eq!(found["traces"][0]["root_name"], "root");
 }
+
+/// One tenant too many: 429 naming `--max-tenants` (with `Retry-After`); the tenants already
+/// known go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_past_max_tenants_is_refused_with_the_limit_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Weft::start(dir.path(), &["--max-tenants", "1"]);
+    let c = Client::new();
+    let body = |n: u64| {
+        prost::Message::encode_to_vec(&request(
+            "tenants",
+            vec![span(&id16(n), n, None, "w", T0, T0 + 1)],
+        ))
+    };
+    let send = |tenant: &'static str, n: u64| {
+        let (c, url) = (&c, format!("{}/v1/traces", w.otlp));
+        async move {
+            c.post(
+                &url,
+                &[
+                    ("content-type", "application/x-protobuf"),
+                    ("x-scope-orgid", tenant),
+                ],
+                body(n),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(send("acme", 1).await.status, 200);
+    let refused = send("globex", 2).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(
+        refused.text().contains("--max-tenants"),
+        "{}",
+        refused.text()
+    );
+    assert!(refused.retry_after.is_some());
+    assert_eq!(send("acme", 3).await.status, 200);
+}
