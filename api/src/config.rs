@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// this limit; 0: no limit [default: 10000].
     #[arg(long, env = "WEFT_MAX_TENANTS")]
     pub max_tenants: Option<usize>,
+    /// Spans a trace-by-id answer holds at most (the earliest), flagged as truncated beyond;
+    /// 0: all [default: 100000].
+    #[arg(long, env = "WEFT_MAX_TRACE_SPANS")]
+    pub max_trace_spans: Option<usize>,
     /// A window that received no block for this long has its small blocks merged, e.g. 60s
     /// [default: 60s]; while it receives blocks, they are merged four of a size at a time.
     #[arg(long, env = "WEFT_MERGE_IDLE")]
@@ -185,6 +189,7 @@ struct FileConfig {
     cache_bytes: Option<usize>,
     min_free_disk: Option<u64>,
     max_tenants: Option<usize>,
+    max_trace_spans: Option<usize>,
     merge_idle: Option<String>,
     parent_wait_flushes: Option<u8>,
     skip_corrupt_blocks: Option<bool>,
@@ -233,6 +238,8 @@ pub struct Config {
     pub pg_password: Option<String>,
     /// PostgreSQL connections open at once.
     pub pg_max_connections: usize,
+    /// Spans a trace-by-id answer holds at most.
+    pub max_trace_spans: usize,
     pub sql: SqlConfig,
     pub redaction: weft_ingest::redact::RedactionPolicy,
     pub log: String,
@@ -533,6 +540,10 @@ impl Config {
                 "127.0.0.1:5433",
             )?,
             pg_max_connections,
+            max_trace_spans: args
+                .max_trace_spans
+                .or(file.max_trace_spans)
+                .unwrap_or(100_000),
             pg_password: args
                 .pg_password
                 .or(file.pg_password)

@@ -285,7 +285,15 @@ async fn trace_by_id(
     if spans.is_empty() {
         return Err(JaegerError(StatusCode::NOT_FOUND, "trace not found".into()));
     }
-    Ok(envelope(json!([trace_json(&spans)]), 1))
+    let (spans, truncated) = crate::traces::get::bounded(spans, state.max_trace_spans);
+    let mut trace = trace_json(&spans);
+    if let Some(total) = truncated {
+        trace["warnings"] = json!([crate::traces::get::truncation_note(
+            total,
+            state.max_trace_spans
+        )]);
+    }
+    Ok(envelope(json!([trace]), 1))
 }
 
 async fn dependencies(

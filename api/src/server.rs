@@ -200,6 +200,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
         ),
         sql: SqlEngine::new(store.clone(), config.sql.clone()),
         auth: auth.clone(),
+        max_trace_spans: config.max_trace_spans,
     });
 
     let grpc_listener = bind(config.otlp_grpc_listen, "OTLP/gRPC").await?;

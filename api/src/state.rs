@@ -20,6 +20,8 @@ pub struct AppState {
     pub sql: SqlEngine,
     /// The tokens requests must carry (`--auth-file`); `None` accepts every request.
     pub auth: Option<Arc<crate::auth::Auth>>,
+    /// Spans a trace-by-id answer holds at most (`--max-trace-spans`; 0: all).
+    pub max_trace_spans: usize,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -79,6 +81,7 @@ pub fn test_state(dir: &std::path::Path) -> SharedState {
         requests: RequestMetrics::default(),
         sql: SqlEngine::new(store.clone(), Default::default()),
         auth: None,
+        max_trace_spans: 0,
         store,
     })
 }

@@ -20,6 +20,8 @@ pub struct Reply {
     pub retry_after: Option<String>,
     /// The Content-Length header (absent from a streamed, chunked answer).
     pub content_length: Option<u64>,
+    /// Every header.
+    pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
@@ -71,12 +73,14 @@ impl Client {
         let retry_after = header("retry-after");
         let content_length = header("content-length").and_then(|v| v.parse().ok());
         let status = resp.status();
+        let headers = resp.headers().clone();
         let body = resp.into_body().collect().await?.to_bytes();
         Ok(Reply {
             status,
             content_type,
             retry_after,
             content_length,
+            headers,
             body,
         })
     }

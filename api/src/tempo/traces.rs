@@ -6,6 +6,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde::Deserialize;
 use weft_ingest::otlp::export::to_request;
@@ -22,14 +23,14 @@ pub struct RangeParams {
     end: Option<String>,
 }
 
-/// The trace's OTLP message, or 404.
+/// The trace's OTLP message (at most `--max-trace-spans` spans) and, when it was cut, the
+/// trace's span count; or 404.
 async fn load(
     state: &SharedState,
     tenant: weft_storage::model::TenantId,
     id: &str,
     params: &RangeParams,
-) -> Result<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest, TempoError>
-{
+) -> Result<(ExportTraceServiceRequest, Option<usize>), TempoError> {
     let trace = short_trace_id(id).map_err(TempoError::bad)?;
     let (start, end) = range(params.start.as_deref(), params.end.as_deref(), true)?;
     let store = state.store.clone();
@@ -45,7 +46,8 @@ async fn load(
             format!("trace not found: {}", trace.to_hex()),
         ));
     }
-    Ok(to_request(&spans))
+    let (spans, truncated) = crate::traces::get::bounded(spans, state.max_trace_spans);
+    Ok((to_request(&spans), truncated))
 }
 
 pub async fn v1(
@@ -55,12 +57,19 @@ pub async fn v1(
     Path(id): Path<String>,
     Query(params): Query<RangeParams>,
 ) -> Result<Response, TempoError> {
-    let message = load(&state, tenant, &id, &params).await?;
-    Ok(if wants_protobuf(&headers) {
+    let (message, truncated) = load(&state, tenant, &id, &params).await?;
+    let mut resp = if wants_protobuf(&headers) {
         protobuf(message.encode_to_vec())
     } else {
         json(encode_request(&message))
-    })
+    };
+    if let Some(total) = truncated {
+        resp.headers_mut().insert(
+            crate::traces::get::TRUNCATED_HEADER,
+            axum::http::HeaderValue::from(total),
+        );
+    }
+    Ok(resp)
 }
 
 fn protobuf(body: Vec<u8>) -> Response {
@@ -78,22 +87,30 @@ pub async fn v2(
     Path(id): Path<String>,
     Query(params): Query<RangeParams>,
 ) -> Result<Response, TempoError> {
-    let message = load(&state, tenant, &id, &params).await?;
+    let (message, truncated) = load(&state, tenant, &id, &params).await?;
+    // like Tempo past its trace size limit: status PARTIAL and a message
+    let note =
+        truncated.map(|total| crate::traces::get::truncation_note(total, state.max_trace_spans));
     Ok(if wants_protobuf(&headers) {
         let response = TraceByIdResponse {
             trace: Some(Trace {
                 resource_spans: message.resource_spans,
             }),
             metrics: Some(TraceByIdMetrics::default()),
-            status: 0,
-            message: String::new(),
+            status: i32::from(note.is_some()),
+            message: note.unwrap_or_default(),
         };
         protobuf(response.encode_to_vec())
     } else {
         // proto3 JSON of the response: the trace as OTLP/JSON, the rest at its defaults
         let mut body = b"{\"trace\":".to_vec();
         body.extend(encode_request(&message));
-        body.extend(b",\"metrics\":{}}");
+        body.extend(b",\"metrics\":{}");
+        if let Some(note) = note {
+            body.extend(b",\"status\":\"PARTIAL\",\"message\":");
+            body.extend(serde_json::to_vec(&note).unwrap_or_default());
+        }
+        body.push(b'}');
         json(body)
     })
 }

@@ -6,6 +6,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use prost::Message;
 use weft_ingest::otlp::{export::to_request, json::encode_request};
+use weft_storage::model::SpanRecord;
 use weft_storage::model::TraceId;
 
 use crate::error::ApiError;
@@ -30,6 +31,26 @@ pub(crate) fn short_trace_id(text: &str) -> Result<TraceId, String> {
     TraceId::from_hex(&format!("{:0>32}", t.to_ascii_lowercase())).map_err(|e| e.to_string())
 }
 
+/// The header that flags a trace-by-id answer cut at `--max-trace-spans`: the trace's span
+/// count.
+pub const TRUNCATED_HEADER: &str = "weft-trace-truncated";
+
+/// At most `max` of a trace's spans (the earliest: the store orders them by start), and the
+/// trace's span count when it has more (0: no limit).
+pub fn bounded(mut spans: Vec<SpanRecord>, max: usize) -> (Vec<SpanRecord>, Option<usize>) {
+    if max == 0 || spans.len() <= max {
+        return (spans, None);
+    }
+    let total = spans.len();
+    spans.truncate(max);
+    (spans, Some(total))
+}
+
+/// What a truncated answer says about itself.
+pub fn truncation_note(total: usize, max: usize) -> String {
+    format!("trace truncated to its first {max} of {total} spans (--max-trace-spans)")
+}
+
 pub async fn trace_by_id(
     State(state): State<SharedState>,
     Tenant(tenant): Tenant,
@@ -50,8 +71,9 @@ pub async fn trace_by_id(
             trace.to_hex()
         )));
     }
+    let (spans, truncated) = bounded(spans, state.max_trace_spans);
     let message = to_request(&spans);
-    Ok(if wants_protobuf(&headers) {
+    let mut resp = if wants_protobuf(&headers) {
         (
             [(header::CONTENT_TYPE, "application/x-protobuf")],
             message.encode_to_vec(),
@@ -63,5 +85,10 @@ pub async fn trace_by_id(
             encode_request(&message),
         )
             .into_response()
-    })
+    };
+    if let Some(total) = truncated {
+        resp.headers_mut()
+            .insert(TRUNCATED_HEADER, axum::http::HeaderValue::from(total));
+    }
+    Ok(resp)
 }

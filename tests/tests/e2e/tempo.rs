@@ -917,3 +917,86 @@ async fn tempo_api_answers_grafana_and_traceql_agrees_with_sql() {
         }
     }
 }
+
+/// A trace larger than `--max-trace-spans` comes back cut to its earliest spans and flagged:
+/// a header on the native API and Tempo's v1, `status: PARTIAL` with a message on Tempo's v2
+/// (JSON and protobuf), a warning on Jaeger's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_past_max_trace_spans_is_cut_and_flagged_on_every_surface() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Weft::start(dir.path(), &["--max-trace-spans", "10"]);
+    let c = Client::new();
+    let trace = id16(0xabc);
+    let spans = (0..25u64)
+        .map(|i| {
+            span(
+                &trace,
+                i + 1,
+                None,
+                "step",
+                T0 + i * 1000,
+                T0 + i * 1000 + 10,
+            )
+        })
+        .collect();
+    let r = post_proto(&c, &w, &request("big", spans), None).await;
+    assert_eq!(r.status, 200);
+    let hex = hex::encode(&trace);
+    let get = |path: String, accept: &'static str| {
+        let c = &c;
+        async move { c.get(&path, &[("accept", accept)]).await.unwrap() }
+    };
+
+    let native = get(
+        format!("{}/api/v1/traces/{hex}", w.http),
+        "application/json",
+    )
+    .await;
+    assert_eq!(native.headers["weft-trace-truncated"], "25");
+    let doc = native.json().unwrap();
+    let names = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(names, 10);
+
+    let v1 = get(format!("{}/api/traces/{hex}", w.http), "application/json").await;
+    assert_eq!(v1.headers["weft-trace-truncated"], "25");
+
+    let v2 = get(
+        format!("{}/api/v2/traces/{hex}", w.http),
+        "application/json",
+    )
+    .await;
+    let doc = v2.json().unwrap();
+    assert_eq!(doc["status"], "PARTIAL");
+    assert!(
+        doc["message"]
+            .as_str()
+            .unwrap()
+            .contains("first 10 of 25 spans"),
+        "{doc}"
+    );
+    let v2 = get(
+        format!("{}/api/v2/traces/{hex}", w.http),
+        "application/protobuf",
+    )
+    .await;
+    let decoded = TraceByIdResponse::decode(v2.body).unwrap();
+    assert_eq!(decoded.status, 1);
+    assert_eq!(span_count(&decoded.trace.unwrap().resource_spans), 10);
+
+    let jaeger = get(
+        format!("{}/jaeger/api/traces/{hex}", w.http),
+        "application/json",
+    )
+    .await;
+    let doc = jaeger.json().unwrap();
+    assert_eq!(doc["data"][0]["spans"].as_array().unwrap().len(), 10);
+    assert!(
+        doc["data"][0]["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("--max-trace-spans")
+    );
+}
