@@ -44,8 +44,15 @@ pub struct ServeArgs {
     /// Largest attribute value in bytes; spans with larger values are rejected [default: 1048576].
     #[arg(long, env = "WEFT_MAX_ATTRIBUTE_VALUE_BYTES")]
     pub max_attribute_value_bytes: Option<usize>,
-    /// Bytes of OTLP requests processed at once before answering 429 [default: 268435456].
-    #[arg(long, env = "WEFT_MAX_INFLIGHT_BYTES")]
+    /// Memory ingest may hold, over every tenant: OTLP/HTTP bodies being read take a fifth
+    /// (admitted from Content-Length before the body is read, and as it streams), requests
+    /// being decoded and written the rest; past it, a retryable 429 / RESOURCE_EXHAUSTED
+    /// [default: 268435456].
+    #[arg(
+        long = "ingest-memory",
+        alias = "max-inflight-bytes",
+        env = "WEFT_INGEST_MEMORY"
+    )]
     pub max_inflight_bytes: Option<usize>,
     /// Rows that trigger a flush of the head into a block [default: 131072].
     #[arg(long, env = "WEFT_FLUSH_ROWS")]
@@ -181,6 +188,7 @@ struct FileConfig {
     http_listen: Option<String>,
     max_body_bytes: Option<usize>,
     max_attribute_value_bytes: Option<usize>,
+    #[serde(alias = "ingest_memory")]
     max_inflight_bytes: Option<usize>,
     flush_rows: Option<usize>,
     flush_age: Option<String>,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use weft_storage::Store;
 
 use crate::error::IngestError;
@@ -143,6 +143,9 @@ pub struct Ingester {
     limits: Limits,
     redaction: crate::redact::RedactionPolicy,
     inflight: Arc<Semaphore>,
+    /// Request bodies being read, in [`BUDGET_UNIT`]s: a fifth of `max_inflight_bytes` (bodies
+    /// decode to about four times their size, which `inflight` holds).
+    bodies: Arc<Semaphore>,
     /// Metrics derived from the spans this ingester stores (none when off).
     derived: Option<Arc<crate::derived::SpanMetrics>>,
     pub stats: IngestStats,
@@ -158,6 +161,7 @@ impl Ingester {
             limits,
             redaction: Default::default(),
             inflight: Arc::new(Semaphore::new(permits)),
+            bodies: Arc::new(Semaphore::new((permits / 5).max(1))),
             derived: None,
             stats: IngestStats::default(),
         }
@@ -209,6 +213,38 @@ impl Ingester {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// A share of the body budget for `bytes` of a request body about to be read (its
+    /// Content-Length, or what has streamed in so far), added to `held`; a retryable refusal
+    /// when the budget, shared by every tenant, is in use.
+    pub fn admit_body(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        bytes: usize,
+    ) -> Result<(), IngestError> {
+        let want = bytes.div_ceil(BUDGET_UNIT).max(1);
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
+        if want <= have {
+            return Ok(());
+        }
+        let max = self.limits.max_inflight_bytes / BUDGET_UNIT / 5;
+        let more = (want - have).min(max.max(1).saturating_sub(have).max(1)) as u32;
+        match self.bodies.clone().try_acquire_many_owned(more) {
+            Ok(p) => {
+                match held {
+                    Some(h) => h.merge(p),
+                    None => *held = Some(p),
+                }
+                Ok(())
+            }
+            Err(_) => {
+                self.stats.count_rejected(RejectReason::Overloaded, 1);
+                Err(IngestError::Overloaded {
+                    retry_after_ms: 500,
+                })
+            }
+        }
     }
 
     /// Runs `work` on the blocking pool once the request fits the in-flight budget.

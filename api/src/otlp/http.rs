@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prost::Message;
 use serde_json::json;
 use weft_ingest::otlp::logs::{ExportLogsPartialSuccess, ExportLogsServiceResponse};
@@ -108,20 +107,35 @@ async fn ingest(
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok()),
     )?;
-    let raw = Limited::new(body, limit).collect().await.map_err(|e| {
-        if e.downcast_ref::<LengthLimitError>().is_some() {
-            IngestError::TooLarge {
-                size: limit + 1,
+    // admission before the body is read: its declared length, then what streams in
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(size) = declared.filter(|&n| n > limit) {
+        return Err(IngestError::TooLarge { size, limit });
+    }
+    let mut held = None;
+    state
+        .ingester
+        .admit_body(&mut held, declared.unwrap_or(64 << 10))?;
+    let mut raw = Vec::with_capacity(declared.unwrap_or(0));
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = futures::StreamExt::next(&mut frames).await {
+        let frame = frame.map_err(|e| IngestError::Undecodable {
+            format: "http body",
+            detail: e.to_string(),
+        })?;
+        if raw.len() + frame.len() > limit {
+            return Err(IngestError::TooLarge {
+                size: raw.len() + frame.len(),
                 limit,
-            }
-        } else {
-            IngestError::Undecodable {
-                format: "http body",
-                detail: e.to_string(),
-            }
+            });
         }
-    })?;
-    let decoded = body::decode(raw.to_bytes(), encoding, limit)?;
+        raw.extend_from_slice(&frame);
+        state.ingester.admit_body(&mut held, raw.len())?;
+    }
+    let decoded = body::decode(raw.into(), encoding, limit)?;
     match signal {
         Signal::Traces => state.ingester.export_bytes(tenant, decoded, format).await,
         Signal::Logs => {
