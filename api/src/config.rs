@@ -44,6 +44,19 @@ pub struct ServeArgs {
     /// Largest attribute value in bytes; spans with larger values are rejected [default: 1048576].
     #[arg(long, env = "WEFT_MAX_ATTRIBUTE_VALUE_BYTES")]
     pub max_attribute_value_bytes: Option<usize>,
+    /// Attributes a span, event, link, log record or metric point may carry; a row with more
+    /// is refused (partial success naming the limit); 0: no limit [default: 1024].
+    #[arg(long, env = "WEFT_MAX_ATTRIBUTES")]
+    pub max_attributes: Option<usize>,
+    /// Longest attribute key in bytes; 0: no limit [default: 1024].
+    #[arg(long, env = "WEFT_MAX_ATTRIBUTE_KEY_BYTES")]
+    pub max_attribute_key_bytes: Option<usize>,
+    /// Events a span may carry; 0: no limit [default: 16384].
+    #[arg(long, env = "WEFT_MAX_SPAN_EVENTS")]
+    pub max_span_events: Option<usize>,
+    /// Links a span may carry; 0: no limit [default: 1024].
+    #[arg(long, env = "WEFT_MAX_SPAN_LINKS")]
+    pub max_span_links: Option<usize>,
     /// Memory ingest may hold, over every tenant: OTLP/HTTP bodies being read take a fifth
     /// (admitted from Content-Length before the body is read, and as it streams), requests
     /// being decoded and written the rest; past it, a retryable 429 / RESOURCE_EXHAUSTED
@@ -188,6 +201,10 @@ struct FileConfig {
     http_listen: Option<String>,
     max_body_bytes: Option<usize>,
     max_attribute_value_bytes: Option<usize>,
+    max_attributes: Option<usize>,
+    max_attribute_key_bytes: Option<usize>,
+    max_span_events: Option<usize>,
+    max_span_links: Option<usize>,
     #[serde(alias = "ingest_memory")]
     max_inflight_bytes: Option<usize>,
     flush_rows: Option<usize>,
@@ -356,6 +373,24 @@ impl Config {
                     .or(file.max_inflight_bytes)
                     .unwrap_or(limits_default.max_inflight_bytes),
             )?,
+            shape: weft_ingest::otlp::convert::ShapeLimits {
+                attributes: args
+                    .max_attributes
+                    .or(file.max_attributes)
+                    .unwrap_or(limits_default.shape.attributes),
+                key_bytes: args
+                    .max_attribute_key_bytes
+                    .or(file.max_attribute_key_bytes)
+                    .unwrap_or(limits_default.shape.key_bytes),
+                events: args
+                    .max_span_events
+                    .or(file.max_span_events)
+                    .unwrap_or(limits_default.shape.events),
+                links: args
+                    .max_span_links
+                    .or(file.max_span_links)
+                    .unwrap_or(limits_default.shape.links),
+            },
         };
         let store = StoreOptions {
             flush_rows: positive(

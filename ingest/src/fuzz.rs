@@ -21,6 +21,7 @@ fn limits() -> SpanLimits {
     SpanLimits {
         max_attribute_value_bytes: 4096,
         retention: None,
+        shape: crate::otlp::convert::ShapeLimits::NONE,
     }
 }
 

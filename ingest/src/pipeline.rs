@@ -25,6 +25,8 @@ pub struct Limits {
     pub max_attribute_value_bytes: usize,
     /// Decoded bytes of requests being processed at once; past it, requests get 429.
     pub max_inflight_bytes: usize,
+    /// Attributes, key length, events and links per row.
+    pub shape: crate::otlp::convert::ShapeLimits,
 }
 
 impl Default for Limits {
@@ -33,6 +35,12 @@ impl Default for Limits {
             max_body_bytes: 16 << 20,
             max_attribute_value_bytes: 1 << 20,
             max_inflight_bytes: 256 << 20,
+            shape: crate::otlp::convert::ShapeLimits {
+                attributes: 1024,
+                key_bytes: 1024,
+                events: 16_384,
+                links: 1024,
+            },
         }
     }
 }
@@ -48,13 +56,15 @@ pub enum RejectReason {
     TooLarge,
     Overloaded,
     Expired,
+    /// More attributes, events or links than the limits allow, or a key too long.
+    LimitExceeded,
     /// A metric point whose value cannot be used (no value, NaN sum, bucket counts that do
     /// not match the bounds, no time).
     InvalidPoint,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         Self::InvalidId,
         Self::EndBeforeStart,
         Self::InvalidEnum,
@@ -63,6 +73,7 @@ impl RejectReason {
         Self::TooLarge,
         Self::Overloaded,
         Self::Expired,
+        Self::LimitExceeded,
         Self::InvalidPoint,
     ];
     pub fn as_str(self) -> &'static str {
@@ -75,6 +86,7 @@ impl RejectReason {
             Self::TooLarge => "too_large",
             Self::Overloaded => "overloaded",
             Self::Expired => "expired",
+            Self::LimitExceeded => "limit_exceeded",
             Self::InvalidPoint => "invalid_point",
         }
     }
@@ -201,6 +213,7 @@ impl Ingester {
         let retention = self.store.options().retention.of(tenant, signal);
         crate::otlp::convert::SpanLimits {
             max_attribute_value_bytes: self.limits.max_attribute_value_bytes,
+            shape: self.limits.shape,
             retention: retention
                 .zip(self.store.cutoff(tenant, signal))
                 .map(|(d, c)| (c, d)),

@@ -19,6 +19,38 @@ pub struct SpanLimits {
     /// The tenant's retention: spans starting before its cutoff are refused (they would never
     /// be readable), with the retention named in the message.
     pub retention: Option<(UnixNanos, std::time::Duration)>,
+    /// Counts and key lengths.
+    pub shape: ShapeLimits,
+}
+
+/// How many attributes, events and links a row may carry, and how long a key may be; a row
+/// past one is refused, the limit named in `partial_success`. 0: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShapeLimits {
+    pub attributes: usize,
+    pub key_bytes: usize,
+    pub events: usize,
+    pub links: usize,
+}
+
+impl ShapeLimits {
+    pub const NONE: Self = Self {
+        attributes: 0,
+        key_bytes: 0,
+        events: 0,
+        links: 0,
+    };
+
+    /// Refuses `n` items of `what` past `max` (0: no limit), naming the flag.
+    fn check(n: usize, max: usize, what: &str, flag: &str) -> Result<(), Problem> {
+        if max > 0 && n > max {
+            return Err((
+                RejectReason::LimitExceeded,
+                format!("{n} {what}, above the limit of {max} ({flag})"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The rows of a request that passed validation, and what happened to the others.
@@ -171,6 +203,9 @@ fn span(
             )
         })?;
     let check = |kvs: &[KeyValue], field: &str| check_sizes(kvs, field, limits);
+    let shape = limits.shape;
+    ShapeLimits::check(s.events.len(), shape.events, "events", "--max-span-events")?;
+    ShapeLimits::check(s.links.len(), shape.links, "links", "--max-span-links")?;
     check(&s.attributes, "attribute")?;
     for e in &s.events {
         check(&e.attributes, "event attribute")?;
@@ -247,7 +282,25 @@ pub(crate) fn check_sizes(
     field: &str,
     limits: SpanLimits,
 ) -> Result<(), Problem> {
+    let shape = limits.shape;
+    ShapeLimits::check(
+        kvs.len(),
+        shape.attributes,
+        &format!("{field}s"),
+        "--max-attributes",
+    )?;
     for kv in kvs {
+        if shape.key_bytes > 0 && kv.key.len() > shape.key_bytes {
+            return Err((
+                RejectReason::LimitExceeded,
+                format!(
+                    "{field} key of {} bytes (starting {:?}), above the limit of {} bytes (--max-attribute-key-bytes)",
+                    kv.key.len(),
+                    kv.key.chars().take(32).collect::<String>(),
+                    shape.key_bytes
+                ),
+            ));
+        }
         let size = kv.value.as_ref().map_or(0, value_bytes);
         if size > limits.max_attribute_value_bytes {
             return Err((

@@ -140,6 +140,7 @@ mod tests {
     const LIMITS: SpanLimits = SpanLimits {
         max_attribute_value_bytes: 1024,
         retention: None,
+        shape: crate::otlp::convert::ShapeLimits::NONE,
     };
 
     #[test]

@@ -569,6 +569,7 @@ mod tests {
     const LIMITS: SpanLimits = SpanLimits {
         max_attribute_value_bytes: 1024,
         retention: None,
+        shape: crate::otlp::convert::ShapeLimits::NONE,
     };
 
     fn gauge_point(time: u64, value: f64, attrs: Vec<KeyValue>) -> NumberDataPoint {

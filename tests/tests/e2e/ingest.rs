@@ -412,3 +412,62 @@ async fn bodies_are_admitted_by_declared_length_before_they_are_read() {
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Attribute count, key length, events and links per span are limited: a span past one is
+/// refused alone, and `partial_success` names the limit and its flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_past_the_shape_limits_are_refused_alone_and_the_limit_named() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+    use prost::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let w = Weft::start(
+        dir.path(),
+        &[
+            "--max-attributes",
+            "2",
+            "--max-attribute-key-bytes",
+            "16",
+            "--max-span-events",
+            "1",
+            "--max-span-links",
+            "1",
+        ],
+    );
+    let c = Client::new();
+    let trace = id16(0x51);
+    let mut spans: Vec<_> = (0..5u64)
+        .map(|i| span(&trace, i + 1, None, "s", T0, T0 + 10))
+        .collect();
+    spans[1].attributes = vec![sattr("a", "1"), sattr("b", "2"), sattr("c", "3")];
+    spans[2].attributes = vec![sattr("a-key-longer-than-sixteen-bytes", "1")];
+    spans[3].events = vec![Event::default(), Event::default()];
+    spans[4].links = vec![
+        Link {
+            trace_id: trace.clone(),
+            span_id: id8(1),
+            ..Default::default()
+        };
+        2
+    ];
+    let expect = [
+        "3 attributes, above the limit of 2 (--max-attributes)",
+        "above the limit of 16 bytes (--max-attribute-key-bytes)",
+        "2 events, above the limit of 1 (--max-span-events)",
+        "2 links, above the limit of 1 (--max-span-links)",
+    ];
+    for (i, message) in expect.iter().enumerate() {
+        let one = vec![spans[0].clone(), spans[i + 1].clone()];
+        let r = post_proto(&c, &w, &request("shape", one), None).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let resp = ExportTraceServiceResponse::decode(r.body).unwrap();
+        let partial = resp.partial_success.expect("partial success");
+        assert_eq!(partial.rejected_spans, 1);
+        assert!(
+            partial.error_message.contains(message),
+            "{}",
+            partial.error_message
+        );
+    }
+    let rows = sql_rows(&c, &w, None, "SELECT count(*) FROM spans").await;
+    assert_eq!(rows[0][0], 1, "the valid span, stored once");
+}
