@@ -1,6 +1,6 @@
 //! Trace search: traces having one span that matches every filter, newest trace first.
 
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use roaring::RoaringBitmap;
 use weft_storage::Store;
@@ -87,36 +87,85 @@ pub fn search(
     // retention); what no index answers is checked here on the rows left
     let pushdown = pushdown_of(req);
     let plan = ScanPlan::build(store, tenant, &snapshot, &pushdown, true)?;
-    let mut matched: Vec<TraceId> = Vec::new();
-    for work in &plan.blocks {
+    let limit = req.limit.max(1);
+    // one more than the page, to know whether another page follows
+    let want = limit + 1;
+
+    // Newest first, reading no more than the page needs. Each candidate trace carries an upper
+    // bound of its start (a trace starts no later than any of its spans: the matched head span,
+    // or its first row in the block where it matched); blocks are read newest first. Once the
+    // page's last trace starts after every bound not yet looked at (candidates and unread
+    // blocks), nothing left can enter the page.
+    let mut candidates: BinaryHeap<(u64, TraceId)> = BinaryHeap::new();
+    let mut head_bounds: HashMap<TraceId, u64> = HashMap::new();
+    for span in snapshot.head.rows().filter(|s| span_matches(s, req)) {
+        let bound = head_bounds.entry(span.trace_id).or_insert(u64::MAX);
+        *bound = (*bound).min(span.start.0);
+    }
+    candidates.extend(head_bounds.into_iter().map(|(t, b)| (b, t)));
+    let mut blocks: Vec<&BlockWork> = plan.blocks.iter().collect();
+    blocks.sort_by_key(|w| std::cmp::Reverse(w.meta.max_start));
+    let mut blocks = blocks.into_iter().peekable();
+    let mut seen: HashSet<TraceId> = HashSet::new();
+    // the best `want` traces so far, worst on top
+    let mut page: BinaryHeap<std::cmp::Reverse<(u64, TraceId)>> = BinaryHeap::new();
+    let mut found: HashMap<TraceId, TraceSummary> = HashMap::new();
+    loop {
+        let next_block = blocks.peek().map(|w| w.meta.max_start);
+        let next_candidate = candidates.peek().map(|(b, _)| *b);
+        let frontier = match (next_block, next_candidate) {
+            (None, None) => break,
+            (a, b) => a.max(b).unwrap_or(0),
+        };
+        if page.len() >= want
+            && page
+                .peek()
+                .is_some_and(|std::cmp::Reverse((start, _))| *start > frontier)
+        {
+            break;
+        }
+        if next_candidate.is_some() && next_candidate >= next_block {
+            let Some((_, trace)) = candidates.pop() else {
+                break;
+            };
+            if !seen.insert(trace) {
+                continue;
+            }
+            let Some(summary) = summarize(store, tenant, &trace, &snapshot)? else {
+                continue;
+            };
+            if req
+                .cursor
+                .is_some_and(|c| !c.is_before(summary.start_time, &summary.trace_id))
+            {
+                continue;
+            }
+            page.push(std::cmp::Reverse((summary.start_time, summary.trace_id)));
+            found.insert(summary.trace_id, summary);
+            if page.len() > want
+                && let Some(std::cmp::Reverse((_, out))) = page.pop()
+            {
+                found.remove(&out);
+            }
+            continue;
+        }
+        let Some(work) = blocks.next() else {
+            break;
+        };
         let rows = matching_rows(store, tenant, work, req)?;
         if rows.is_empty() {
             continue;
         }
         let traces = store.block_traces(tenant, work.addr)?;
-        matched.extend(traces_of_rows(&traces, &rows));
-    }
-    matched.extend(
-        snapshot
-            .head
-            .rows()
-            .filter(|s| span_matches(s, req))
-            .map(|s| s.trace_id),
-    );
-    matched.sort_unstable();
-    matched.dedup();
-
-    let mut summaries = Vec::with_capacity(matched.len());
-    for trace in matched {
-        if let Some(s) = summarize(store, tenant, &trace, &snapshot)? {
-            summaries.push(s);
+        for i in entries_of_rows(&traces, &rows) {
+            let entry = &traces[i];
+            if !seen.contains(&entry.trace_id) {
+                candidates.push((entry.min_start, entry.trace_id));
+            }
         }
     }
+    let mut summaries: Vec<TraceSummary> = found.into_values().collect();
     summaries.sort_by_key(|s| std::cmp::Reverse((s.start_time, s.trace_id)));
-    if let Some(c) = &req.cursor {
-        summaries.retain(|s| c.is_before(s.start_time, &s.trace_id));
-    }
-    let limit = req.limit.max(1);
     let next_cursor = (summaries.len() > limit).then(|| {
         let last = &summaries[limit - 1];
         Cursor {
@@ -262,14 +311,13 @@ fn value_matches(v: &Value, text: &str) -> bool {
 }
 
 /// Trace ids of the traces owning `rows` (trace entries are sorted by row).
-fn traces_of_rows(traces: &[TraceEntry], rows: &RoaringBitmap) -> Vec<TraceId> {
-    let mut out = Vec::new();
+/// Indexes of the block's trace entries holding any of `rows`.
+fn entries_of_rows(traces: &[TraceEntry], rows: &RoaringBitmap) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
     for row in rows {
         let i = traces.partition_point(|t| t.row_start + t.rows <= row);
-        if let Some(t) = traces.get(i)
-            && out.last() != Some(&t.trace_id)
-        {
-            out.push(t.trace_id);
+        if i < traces.len() && out.last() != Some(&i) {
+            out.push(i);
         }
     }
     out
