@@ -100,14 +100,14 @@ pub struct IngestStats {
     pub logs_accepted: AtomicU64,
     pub logs_duplicate: AtomicU64,
     /// Spans and log records refused, indexed like [`RejectReason::ALL`]; whole-request refusals count requests.
-    pub rejected: [AtomicU64; 9],
+    pub rejected: [AtomicU64; RejectReason::ALL.len()],
     /// Log records refused by validation, indexed like [`RejectReason::ALL`] (a request
     /// refused whole counts in `rejected`, whatever its signal).
-    pub logs_rejected: [AtomicU64; 9],
+    pub logs_rejected: [AtomicU64; RejectReason::ALL.len()],
     pub points_accepted: AtomicU64,
     pub points_duplicate: AtomicU64,
     /// Metric points refused by validation, indexed like [`RejectReason::ALL`].
-    pub points_rejected: [AtomicU64; 9],
+    pub points_rejected: [AtomicU64; RejectReason::ALL.len()],
     /// Redactions made, by rule.
     pub redactions: crate::redact::RedactionStats,
     /// Log bodies that looked structured but did not parse.

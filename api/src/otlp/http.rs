@@ -112,13 +112,10 @@ async fn ingest(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if let Some(size) = declared.filter(|&n| n > limit) {
-        return Err(IngestError::TooLarge { size, limit });
-    }
     let mut held = None;
     state
         .ingester
-        .admit_body(&mut held, declared.unwrap_or(64 << 10))?;
+        .admit_body(&mut held, declared.unwrap_or(64 << 10).min(limit))?;
     let mut raw = Vec::with_capacity(declared.unwrap_or(0));
     let mut frames = body.into_data_stream();
     while let Some(frame) = futures::StreamExt::next(&mut frames).await {
