@@ -42,11 +42,6 @@ pub fn unseal(value: &[u8]) -> Result<&[u8], String> {
     Ok(body)
 }
 
-/// The length of the payload of a verified value (see [`unseal`]).
-pub fn payload_len(value: &[u8]) -> Result<usize, String> {
-    unseal(value).map(<[u8]>::len)
-}
-
 /// The error for a damaged part of a block.
 pub fn damaged(
     tenant: &TenantId,

@@ -1899,7 +1899,7 @@ impl ChunkSource for ChunkFetcher<'_> {
         else {
             return Ok(None);
         };
-        let len = seal::payload_len(&bytes).map_err(damaged)?;
+        let len = unseal(&bytes).map_err(damaged)?.len();
         let bytes = bytes.slice(..len);
         // a chunk larger than an eighth of the cache would empty it too often
         if bytes.len() <= CHUNK_CACHE_BYTES / 8 {

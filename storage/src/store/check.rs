@@ -61,6 +61,24 @@ fn place(tenant: &str, signal: Signal, addr: Option<BlockAddr>) -> String {
     }
 }
 
+/// Calls `f` on every entry of a column family, RocksDB verifying its checksums (caches
+/// bypassed); stops at the first error RocksDB reports, returning it.
+fn scan(
+    db: &DB,
+    cf: &str,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> std::result::Result<(), rocksdb::Error> {
+    let handle = db.cf_handle(cf).expect("column family opened");
+    let mut read = ReadOptions::default();
+    read.set_verify_checksums(true);
+    read.fill_cache(false);
+    for item in db.iterator_cf_opt(handle, read, IteratorMode::Start) {
+        let (key, value) = item?;
+        f(&key, &value);
+    }
+    Ok(())
+}
+
 /// Verifies the store in `path` (which must not be open elsewhere for writing).
 pub fn check(path: &Path) -> Result<CheckReport> {
     if !path.join("CURRENT").exists() {
@@ -75,63 +93,36 @@ pub fn check(path: &Path) -> Result<CheckReport> {
         [CF_DATA, CF_META, CF_HEAD],
         false,
     )?;
-    let cf = |name| db.cf_handle(name).expect("column family opened");
     let mut report = CheckReport::default();
-    let read = || {
-        let mut o = ReadOptions::default();
-        o.set_verify_checksums(true);
-        o.fill_cache(false);
-        o
-    };
 
     let mut metas = BTreeSet::new();
-    for item in db.iterator_cf_opt(cf(CF_META), read(), IteratorMode::Start) {
-        let (key, value) = match item {
-            Ok(kv) => kv,
-            Err(e) => {
-                report
-                    .damaged
-                    .push(format!("block metas: RocksDB: {e} (scan stopped)"));
-                break;
-            }
+    let scanned = scan(&db, CF_META, |key, value| {
+        let Some(parts) = keys::split(key).filter(|p| p.kind == keys::META) else {
+            return;
         };
-        let Some(parts) = keys::split(&key) else {
-            continue;
-        };
-        if parts.kind != keys::META {
-            continue;
-        }
         let addr = keys::read_addr(parts.rest);
         report.blocks += 1;
         metas.insert((parts.tenant.to_owned(), parts.signal, addr));
         let at = place(parts.tenant, parts.signal, addr);
-        match unseal(&value) {
-            Err(e) => report.damaged.push(format!("{at} (block meta): {e}")),
-            Ok(v) => {
-                if let Err(e) = BlockMeta::decode(v) {
-                    report.damaged.push(format!("{at} (block meta): {e}"));
-                }
-            }
+        let decoded = unseal(value).and_then(|v| BlockMeta::decode(v).map_err(|e| e.to_string()));
+        if let Err(e) = decoded {
+            report.damaged.push(format!("{at} (block meta): {e}"));
         }
+    });
+    if let Err(e) = scanned {
+        report
+            .damaged
+            .push(format!("block metas: RocksDB: {e} (scan stopped)"));
     }
 
     let mut orphans = BTreeSet::new();
     let mut last = String::from("the first key");
-    for item in db.iterator_cf_opt(cf(CF_DATA), read(), IteratorMode::Start) {
-        let (key, value) = match item {
-            Ok(kv) => kv,
-            Err(e) => {
-                report.damaged.push(format!(
-                    "block data after {last}: RocksDB: {e} (scan stopped there)"
-                ));
-                break;
-            }
-        };
-        let Some(parts) = keys::split(&key) else {
+    let scanned = scan(&db, CF_DATA, |key, value| {
+        let Some(parts) = keys::split(key) else {
             report
                 .damaged
-                .push(format!("unreadable data key {}", hex::encode(&key)));
-            continue;
+                .push(format!("unreadable data key {}", hex::encode(key)));
+            return;
         };
         report.values += 1;
         let (addr, part) = match parts.kind {
@@ -161,9 +152,9 @@ pub fn check(path: &Path) -> Result<CheckReport> {
         if !metas.contains(&(parts.tenant.to_owned(), parts.signal, addr)) {
             // data of a block taken out (merged, expired) whose deletion is pending
             orphans.insert(at.clone());
-            continue;
+            return;
         }
-        let decoded = match unseal(&value) {
+        let decoded = match unseal(value) {
             Err(e) => Err(e),
             Ok(v) => match parts.kind {
                 keys::TRACE_ID | keys::TRACES => {
@@ -176,31 +167,27 @@ pub fn check(path: &Path) -> Result<CheckReport> {
         if let Err(e) = decoded {
             report.damaged.push(format!("{at} ({part}): {e}"));
         }
+    });
+    if let Err(e) = scanned {
+        report.damaged.push(format!(
+            "block data after {last}: RocksDB: {e} (scan stopped there)"
+        ));
     }
 
-    for item in db.iterator_cf_opt(cf(CF_HEAD), read(), IteratorMode::Start) {
-        let (key, value) = match item {
-            Ok(kv) => kv,
-            Err(e) => {
-                report
-                    .damaged
-                    .push(format!("head: RocksDB: {e} (scan stopped)"));
-                break;
-            }
-        };
+    let scanned = scan(&db, CF_HEAD, |key, value| {
         report.head_records += 1;
-        let Some(parts) = keys::split(&key) else {
+        let Some(parts) = keys::split(key) else {
             report
                 .damaged
-                .push(format!("unreadable head key {}", hex::encode(&key)));
-            continue;
+                .push(format!("unreadable head key {}", hex::encode(key)));
+            return;
         };
         let seq = keys::read_u64(parts.rest).unwrap_or_default();
         let at = format!(
             "{} head record {seq}",
             place(parts.tenant, parts.signal, None)
         );
-        let decoded = unseal(&value).and_then(|v| {
+        let decoded = unseal(value).and_then(|v| {
             match parts.signal {
                 Signal::Spans => SpanRecord::decode_rows(v).map(drop),
                 Signal::Logs => LogRecord::decode_rows(v).map(drop),
@@ -211,6 +198,11 @@ pub fn check(path: &Path) -> Result<CheckReport> {
         if let Err(e) = decoded {
             report.damaged.push(format!("{at}: {e}"));
         }
+    });
+    if let Err(e) = scanned {
+        report
+            .damaged
+            .push(format!("head: RocksDB: {e} (scan stopped)"));
     }
     if !orphans.is_empty() {
         tracing::info!(

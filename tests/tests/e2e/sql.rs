@@ -495,14 +495,7 @@ async fn queries_and_connections_over_their_caps_are_refused_and_retryable() {
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let busy = c
-        .post(
-            &format!("{}/api/v1/sql", w.http),
-            &[("content-type", "application/json")],
-            r#"{"query": "SELECT 1"}"#.to_owned(),
-        )
-        .await
-        .unwrap();
+    let busy = sql(&c, &w, "SELECT 1", "json").await;
     assert_eq!(busy.status, 503, "{}", busy.text());
     assert!(
         busy.text().contains("--sql-max-concurrent"),

@@ -62,6 +62,19 @@ fn text(o: &Output) -> String {
 
 const SPAN_JSON: &str = r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"tls-svc"}}]},"scopeSpans":[{"spans":[{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"GET /secure","kind":2,"startTimeUnixNano":"1764460800000000000","endTimeUnixNano":"1764460800250000000"}]}]}]}"#;
 
+/// Sends `SPAN_JSON` over OTLP/HTTPS with curl's TLS arguments `tls`; it must be accepted.
+fn send_span(w: &Weft, tls: &[&str]) {
+    let mut post = tls.to_vec();
+    post.extend([
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        SPAN_JSON,
+    ]);
+    let (rc, body) = curl(port(&w.otlp), "/v1/traces", &post);
+    assert!(rc == 0 && body.ends_with("200"), "{rc} {body}");
+}
+
 #[test]
 fn every_port_serves_tls_to_curl_and_psql_and_rotates_on_sighup() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,15 +94,7 @@ fn every_port_serves_tls_to_curl_and_psql_and_rotates_on_sighup() {
     // the query API and OTLP/HTTP over HTTPS, verified against the test's CA
     let (rc, body) = curl(port(&w.http), "/ready", &trust);
     assert_eq!((rc, body.as_str()), (0, "ready\n\n200"));
-    let mut post = trust.to_vec();
-    post.extend([
-        "-H",
-        "content-type: application/json",
-        "--data-binary",
-        SPAN_JSON,
-    ]);
-    let (rc, body) = curl(port(&w.otlp), "/v1/traces", &post);
-    assert!(rc == 0 && body.ends_with("200"), "{rc} {body}");
+    send_span(&w, &trust);
     let mut sql = trust.to_vec();
     sql.extend([
         "-H",
@@ -242,15 +247,7 @@ fn a_client_ca_requires_client_certificates_on_every_port() {
     ];
     let (rc, body) = curl(port(&w.http), "/ready", &with_cert);
     assert_eq!((rc, body.as_str()), (0, "ready\n\n200"));
-    let mut post = with_cert.to_vec();
-    post.extend([
-        "-H",
-        "content-type: application/json",
-        "--data-binary",
-        SPAN_JSON,
-    ]);
-    let (rc, body) = curl(port(&w.otlp), "/v1/traces", &post);
-    assert!(rc == 0 && body.ends_with("200"), "{rc} {body}");
+    send_span(&w, &with_cert);
 
     let base = format!("sslmode=verify-full sslrootcert={ca}");
     let out = psql(w.pg, &base, "SELECT 1");
