@@ -132,7 +132,7 @@ pub fn search_logs(
             .map(|s| (dim::SERVICE, vec![s.clone()]))
             .collect(),
         columns: PICK_COLUMNS.to_vec(),
-        text: None,
+        ..Default::default()
     };
     if let Some(q) = &req.q {
         scan.text = text_hits(store, tenant, &snapshot, &scan, q)?;
@@ -230,7 +230,10 @@ pub fn text_hits(
         .map(|(a, _)| a.window)
         .collect();
     let query = q.to_tantivy(store.text_fields())?;
-    let mut hits = TextHits::default();
+    let mut hits = TextHits {
+        exact: q.index_exact(),
+        ..Default::default()
+    };
     let mut any = false;
     for window in windows {
         let Some(view) = store.text_view(tenant, window)? else {

@@ -1920,7 +1920,7 @@ mod retire;
 pub use check::{CheckReport, check};
 pub use request::TraceRequests;
 
-pub use logs::{LogScan, TextHits};
+pub use logs::{BodyTest, LogScan, TextHits};
 pub use metrics::{MetricScan, SeriesCatalog};
 #[cfg(test)]
 mod tests;

@@ -439,6 +439,18 @@ impl TextQuery {
         }
     }
 
+    /// Whether the text index answers the query exactly: no phrase of several words (asked as
+    /// its words) and no `NOT` (the index counts a record without a body as not containing
+    /// a word; SQL's `matches` gives such a record no answer at all).
+    pub fn index_exact(&self) -> bool {
+        match self {
+            TextQuery::And(p) | TextQuery::Or(p) => p.iter().all(TextQuery::index_exact),
+            TextQuery::Not(_) => false,
+            TextQuery::Phrase(_, words) => words.len() == 1,
+            TextQuery::Term(..) | TextQuery::Prefix(..) => true,
+        }
+    }
+
     /// Whether the query reads only the body (so that a body-only matcher suffices).
     pub fn body_only(&self) -> bool {
         match self {

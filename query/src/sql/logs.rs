@@ -24,7 +24,7 @@ use weft_storage::Store;
 use weft_storage::block::logs::{col, dim};
 use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, LogRecord, TenantId};
-use weft_storage::store::{LogScan, Snapshot};
+use weft_storage::store::{BodyTest, LogScan, Snapshot};
 
 use super::columns::{
     downcast, hex_column, list_type, map_column, map_type, storage_err, timestamp_type,
@@ -136,8 +136,50 @@ fn scan_of(filters: &[Expr]) -> LogScan {
     scan
 }
 
-fn pushable(e: &Expr) -> bool {
-    narrow(&mut LogScan::default(), e) || text_query(e).is_some()
+/// How a filter is pushed: a text query and a time comparison with a timestamp literal are
+/// applied by the scan to every row it returns (exact), so that DataFusion need not read the
+/// body or the time again (`count(*)` under `matches()` alone reads no row of an indexed
+/// block); postings terms only narrow what is read.
+fn pushdown(e: &Expr) -> TableProviderFilterPushDown {
+    if text_query(e).is_some() || exact_time(e) {
+        TableProviderFilterPushDown::Exact
+    } else if narrow(&mut LogScan::default(), e) {
+        TableProviderFilterPushDown::Inexact
+    } else {
+        TableProviderFilterPushDown::Unsupported
+    }
+}
+
+/// Whether a filter compares `time` with timestamp literals after the epoch, which
+/// [`compare`] turns into an inclusive range exactly.
+fn exact_time(e: &Expr) -> bool {
+    let stamp = |v: &Expr| {
+        literal(v).is_some_and(|v| {
+            matches!(
+                v,
+                ScalarValue::TimestampNanosecond(..)
+                    | ScalarValue::TimestampMicrosecond(..)
+                    | ScalarValue::TimestampMillisecond(..)
+                    | ScalarValue::TimestampSecond(..)
+            ) && nanos(v).is_some_and(|n| n >= 1)
+        })
+    };
+    let time = |c: &Expr| column_of(c) == Some("time");
+    match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            matches!(
+                op,
+                Operator::Gt | Operator::GtEq | Operator::Lt | Operator::LtEq | Operator::Eq
+            ) && ((time(left) && stamp(right)) || (stamp(left) && time(right)))
+        }
+        Expr::Between(Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        }) => time(expr) && stamp(low) && stamp(high),
+        _ => false,
+    }
 }
 
 /// `matches(body, '…')` as the text query it runs (body-only queries; the function refuses
@@ -242,8 +284,18 @@ fn compare(scan: &mut LogScan, c: &str, op: Operator, v: &ScalarValue) -> bool {
             return false;
         };
         match op {
-            Operator::Gt | Operator::GtEq => scan.from = Some(scan.from.map_or(t, |f| f.max(t))),
-            Operator::Lt | Operator::LtEq => scan.to = Some(scan.to.map_or(t, |e| e.min(t))),
+            Operator::Gt | Operator::GtEq => {
+                let t = if op == Operator::Gt { t + 1 } else { t };
+                scan.from = Some(scan.from.map_or(t, |f| f.max(t)))
+            }
+            Operator::Lt | Operator::LtEq => {
+                let t = if op == Operator::Lt {
+                    t.saturating_sub(1)
+                } else {
+                    t
+                };
+                scan.to = Some(scan.to.map_or(t, |e| e.min(t)))
+            }
             Operator::Eq => {
                 scan.from = Some(scan.from.map_or(t, |f| f.max(t)));
                 scan.to = Some(scan.to.map_or(t, |e| e.min(t)));
@@ -273,13 +325,7 @@ impl TableProvider for LogsTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        Ok(filters
-            .iter()
-            .map(|f| match pushable(f) {
-                true => TableProviderFilterPushDown::Inexact,
-                false => TableProviderFilterPushDown::Unsupported,
-            })
-            .collect())
+        Ok(filters.iter().map(|f| pushdown(f)).collect())
     }
     async fn scan(
         &self,
@@ -293,7 +339,8 @@ impl TableProvider for LogsTable {
             None => (0..COLUMNS.len()).collect(),
         };
         let mut scan = scan_of(filters);
-        // the time column always: a batch needs a row count even when nothing is projected
+        // nothing projected (`count(*)`): row counts only
+        scan.rows_only = wanted.is_empty();
         scan.columns = vec![col::TIME];
         for i in &wanted {
             if !scan.columns.contains(&COLUMNS[*i].1) {
@@ -307,10 +354,12 @@ impl TableProvider for LogsTable {
         );
         let text = text_queries(filters);
         let stored = tokio::task::spawn_blocking(move || {
-            // rows of indexed blocks the text index does not match are not read
+            // rows of indexed blocks the text index does not match are not read, and the
+            // scan applies the query to the rest (the filter is exact)
             if let Some(q) = text {
                 scan.text = crate::logs::text_hits(&store, &tenant, &snapshot, &scan, &q)
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                scan.body = Some(BodyTest(Arc::new(move |b| q.matches_body(b))));
             }
             store
                 .scan_logs(&tenant, &snapshot, &scan)

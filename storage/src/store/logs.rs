@@ -2,7 +2,7 @@
 //! postings terms, to Arrow columns. Head rows go through the same column builders a block is
 //! written with ([`LogColumns`]), so a reader sees one kind of batch whichever it came from.
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 
 use super::*;
 use crate::block::logs::{self, LogColumns, col, dim};
@@ -18,8 +18,25 @@ pub struct LogScan {
     /// Columns of [`col::ALL`] to return; all of them when empty.
     pub columns: Vec<&'static str>,
     /// Rows a text query matches, from the text index: a block it holds is read at those rows
-    /// only (the caller still checks the query on what it reads).
+    /// only.
     pub text: Option<std::sync::Arc<TextHits>>,
+    /// The text query itself, as a test of a body: when given, every row returned passes it.
+    /// It is run on the rows the index does not answer exactly (head rows, blocks the index
+    /// does not hold, and a block's hits when they are a superset); without it the caller
+    /// checks what it reads.
+    pub body: Option<BodyTest>,
+    /// Return batches without columns (their row counts only): `count(*)`.
+    pub rows_only: bool,
+}
+
+/// A test of a record's body text (a record without a body fails it).
+#[derive(Clone)]
+pub struct BodyTest(pub std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for BodyTest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BodyTest")
+    }
 }
 
 /// What the text index answered for a query: the blocks it holds and their matching rows.
@@ -27,6 +44,8 @@ pub struct LogScan {
 pub struct TextHits {
     pub indexed: std::collections::HashSet<u64>,
     pub rows: HashMap<u64, RoaringBitmap>,
+    /// Whether the rows are exactly those the query matches (else a superset).
+    pub exact: bool,
 }
 
 impl TextHits {
@@ -127,9 +146,19 @@ impl Store {
         let mut head: Vec<&LogRecord> = snapshot
             .head
             .rows()
-            .filter(|l| scan.matches_row(l))
+            .filter(|l| {
+                scan.matches_row(l)
+                    && scan
+                        .body
+                        .as_ref()
+                        .is_none_or(|t| l.body_text().is_some_and(|b| (t.0)(&b)))
+            })
             .collect();
-        if !head.is_empty() {
+        if scan.rows_only {
+            if !head.is_empty() {
+                out.push(rows_only(head.len())?);
+            }
+        } else if !head.is_empty() {
             logs::sort(&mut head);
             let mut builders = LogColumns::with_capacity(head.len());
             head.iter().for_each(|l| builders.push(l));
@@ -180,11 +209,38 @@ impl Store {
         if !scan.overlaps(meta) {
             return Ok(None);
         }
-        let Some(rows) = self.log_rows(tenant, snapshot, addr, meta, scan)? else {
+        let Some(mut rows) = self.log_rows(tenant, snapshot, addr, meta, scan)? else {
             return Ok(None);
         };
-        let columns = scan.columns();
         let reader = self.reader_of(tenant, Signal::Logs, addr, meta);
+        if let Some(test) = &scan.body {
+            let answered = scan
+                .text
+                .as_ref()
+                .is_some_and(|h| h.exact && h.indexed.contains(&addr.block));
+            if !answered {
+                let bodies = reader.required(col::BODY, &rows)?;
+                let bodies = bodies
+                    .as_string_opt::<i32>()
+                    .ok_or_else(|| StorageError::corrupt("log body column", "not text"))?;
+                let kept: RoaringBitmap = rows
+                    .iter(meta.rows)
+                    .zip(bodies.iter())
+                    .filter(|(_, b)| b.is_some_and(|b| (test.0)(b)))
+                    .map(|(r, _)| r)
+                    .collect();
+                if kept.is_empty() {
+                    return Ok(None);
+                }
+                rows = Rows::Set(kept);
+            }
+        }
+        if scan.rows_only {
+            let ids: Vec<u32> = rows.iter(meta.rows).collect();
+            let n = ids.len();
+            return Ok(Some((ids, rows_only(n)?)));
+        }
+        let columns = scan.columns();
         let arrays = columns
             .iter()
             .map(|c| reader.required(c, &rows))
@@ -254,6 +310,16 @@ impl Store {
             Some(r) => Some(Rows::Set(r)),
         })
     }
+}
+
+/// A batch of `n` rows and no columns.
+fn rows_only(n: usize) -> Result<RecordBatch> {
+    RecordBatch::try_new_with_options(
+        std::sync::Arc::new(arrow::datatypes::Schema::empty()),
+        Vec::new(),
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(n)),
+    )
+    .map_err(|e| StorageError::corrupt("log columns", e.to_string()))
 }
 
 fn batch(columns: &[&'static str], arrays: Vec<ArrayRef>) -> Result<RecordBatch> {

@@ -178,7 +178,7 @@ fn a_log_scan_by_time_and_terms_agrees_with_a_naive_filter() {
             to,
             terms: terms.clone(),
             columns: vec![col::TIME, col::SERVICE],
-            text: None,
+            ..Default::default()
         };
         let batches = store.scan_logs(&t, &snapshot, &scan).unwrap();
         let mut got: Vec<i64> = batches
