@@ -3,12 +3,15 @@ into chDB (embedded ClickHouse), runs the canonical queries, and prints one JSON
 per engine, bytes on disk per span and, per query, the best time of N runs (after one warm-up)
 and the rows.
 
-Usage: python benches/peers/peers.py data.parquet queries.json RUNS WORKDIR
+Usage: python benches/peers/peers.py data.parquet queries.json RUNS WORKDIR [spans|logs]
 
 DuckDB: a table sorted by (service_name, name, start_time), checkpointed. chDB: a MergeTree
 ordered as ClickHouse trace stores order spans (service, span name, time, trace id), ZSTD(3) on
 every column, Delta on times, and a bloom-filter skip index on trace_id (as the OpenTelemetry
 ClickHouse exporter's schema has), merged to one part.
+
+Logs (the fifth argument `logs`): DuckDB sorted by time; chDB ordered by (service, time) with
+the exporter's token bloom filter on the body (`tokenbf_v1(32768, 3, 0)`, granularity 8).
 """
 
 import datetime as dt
@@ -37,17 +40,18 @@ def timed(run, runs):
     return best, rows
 
 
-def duckdb_engine(parquet, workdir):
+def duckdb_engine(parquet, workdir, table):
     import duckdb
 
-    path = os.path.join(workdir, "spans.duckdb")
+    path = os.path.join(workdir, f"{table}.duckdb")
     con = duckdb.connect(path)
     con.execute("SET TimeZone = 'UTC'")
+    order = "service_name, name, start_time" if table == "spans" else "time"
     con.execute(
-        "CREATE TABLE spans AS SELECT * FROM read_parquet(?) ORDER BY service_name, name, start_time",
+        f"CREATE TABLE {table} AS SELECT * FROM read_parquet(?) ORDER BY {order}",
         [parquet],
     )
-    rows = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    rows = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     con.execute("CHECKPOINT")
     size = os.path.getsize(path) + (os.path.getsize(path + ".wal") if os.path.exists(path + ".wal") else 0)
 
@@ -57,30 +61,35 @@ def duckdb_engine(parquet, workdir):
     return rows, size, run, con.close
 
 
-def chdb_engine(parquet, workdir):
+def chdb_engine(parquet, workdir, table):
     from chdb import session
 
     s = session.Session(os.path.join(workdir, "chdb"))
     described = s.query(f"DESCRIBE file('{parquet}', Parquet)", "TabSeparatedRaw").bytes().decode()
     columns = []
+    keys = ("service_name", "name", "start_time", "trace_id") if table == "spans" else ("service_name", "time")
+    # a token bloom filter takes no Nullable column (the exporter's Body is a plain String)
+    plain = keys + (("body",) if table == "logs" else ())
     for line in described.strip().splitlines():
         name, ty = line.split("\t")[:2]
-        if name in ("service_name", "name", "start_time", "trace_id"):
+        if name in plain:
             ty = ty.replace("Nullable(", "").rstrip(")") if ty.startswith("Nullable(") else ty
         codec = "CODEC(Delta, ZSTD(3))" if "DateTime64" in ty or name == "duration_ns" else "CODEC(ZSTD(3))"
         columns.append(f"`{name}` {ty} {codec}")
     columns.append("INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1")
+    if table == "logs":
+        columns.append("INDEX idx_body body TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8")
     s.query("CREATE DATABASE IF NOT EXISTS bench")
     s.query(
-        f"CREATE TABLE bench.spans ({', '.join(columns)}) ENGINE = MergeTree "
-        "ORDER BY (service_name, name, start_time, trace_id)"
+        f"CREATE TABLE bench.{table} ({', '.join(columns)}) ENGINE = MergeTree "
+        f"ORDER BY ({', '.join(keys)})"
     )
-    s.query(f"INSERT INTO bench.spans SELECT * FROM file('{parquet}', Parquet)")
-    s.query("OPTIMIZE TABLE bench.spans FINAL")
-    rows = int(s.query("SELECT count() FROM bench.spans", "CSV").bytes().decode().strip())
+    s.query(f"INSERT INTO bench.{table} SELECT * FROM file('{parquet}', Parquet)")
+    s.query(f"OPTIMIZE TABLE bench.{table} FINAL")
+    rows = int(s.query(f"SELECT count() FROM bench.{table}", "CSV").bytes().decode().strip())
     size = int(
         s.query(
-            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = 'bench' AND table = 'spans' AND active",
+            f"SELECT sum(bytes_on_disk) FROM system.parts WHERE database = 'bench' AND table = '{table}' AND active",
             "CSV",
         ).bytes().decode().strip()
     )
@@ -96,6 +105,7 @@ def chdb_engine(parquet, workdir):
 
 def main():
     parquet, spec, runs, workdir = os.path.abspath(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    table = sys.argv[5] if len(sys.argv) > 5 else "spans"
     queries = json.load(open(spec))
     result = {}
     engines = [("duckdb", duckdb_engine), ("chdb", chdb_engine)]
@@ -105,7 +115,7 @@ def main():
     for engine, make in engines:
         os.makedirs(os.path.join(workdir, engine), exist_ok=True)
         t = time.perf_counter()
-        rows, size, run, close = make(parquet, os.path.join(workdir, engine))
+        rows, size, run, close = make(parquet, os.path.join(workdir, engine), table)
         print(f"{engine}: loaded {rows} rows in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         out = {"rows": rows, "bytes": size, "bytes_per_span": size / rows, "queries": {}}
         for q in queries:

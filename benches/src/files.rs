@@ -238,3 +238,67 @@ pub fn write_parquet(
     writer.close()?;
     Ok(rows)
 }
+
+/// Writes the log records of `messages` as one flat Parquet file (the peers' copy): time,
+/// service, severity, body (text) and trace id; the records' count and time range.
+pub fn write_logs_parquet(
+    path: &Path,
+    messages: impl Iterator<
+        Item = opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest,
+    >,
+) -> anyhow::Result<(usize, u64, u64)> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(
+            "time",
+            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("service_name", DataType::Utf8, false),
+        Field::new("severity_text", DataType::Utf8, false),
+        Field::new("body", DataType::Utf8, true),
+        Field::new("trace_id", DataType::Utf8, true),
+    ]));
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .build();
+    let mut writer = ArrowWriter::try_new(File::create(path)?, schema.clone(), Some(props))?;
+    let (mut rows, mut first, mut last) = (0, u64::MAX, 0);
+    for m in messages {
+        let mut time = TimestampNanosecondBuilder::new().with_timezone("UTC");
+        let mut strs: Vec<StringBuilder> = (0..4).map(|_| StringBuilder::new()).collect();
+        for rl in &m.resource_logs {
+            let service = rl
+                .resource
+                .as_ref()
+                .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
+                .and_then(|kv| kv.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
+                    _ => None,
+                })
+                .unwrap_or("unknown_service");
+            for l in rl.scope_logs.iter().flat_map(|s| &s.log_records) {
+                rows += 1;
+                first = first.min(l.time_unix_nano);
+                last = last.max(l.time_unix_nano);
+                time.append_value(l.time_unix_nano as i64);
+                strs[0].append_value(service);
+                strs[1].append_value(&l.severity_text);
+                match l.body.as_ref().and_then(|b| b.value.as_ref()) {
+                    Some(any_value::Value::StringValue(s)) => strs[2].append_value(s),
+                    _ => strs[2].append_null(),
+                }
+                if l.trace_id.is_empty() {
+                    strs[3].append_null()
+                } else {
+                    strs[3].append_value(hex::encode(&l.trace_id))
+                }
+            }
+        }
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(time.finish())];
+        columns.extend(strs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
+        writer.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+    }
+    writer.close()?;
+    Ok((rows, first, last))
+}

@@ -106,3 +106,53 @@ pub(crate) async fn ingest_logs(
     );
     Ok(())
 }
+
+/// `weft-bench peers --logs N`: the same generated log records in Weft, DuckDB and chDB, and
+/// Q7 (records containing a word, and a word and a phrase, in a time range) on all three. The
+/// server keeps content and personal data as they came (`--capture-content true
+/// --redact-pii false`), so that it holds the same text as the peers' copy.
+pub(crate) async fn peers_logs(
+    records: usize,
+    seed: u64,
+    weft: Option<PathBuf>,
+    python: &Path,
+    runs: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let bin = weft_binary(weft)?;
+    let temp = tempfile::tempdir()?;
+    let dir = temp.path().join("weft");
+    let parquet = temp.path().join("logs.parquet");
+    let cfg = LogConfig {
+        seed,
+        records,
+        ..Default::default()
+    };
+    println!("generating {records} log records (seed {seed})...");
+    let (rows, first, last) =
+        weft_bench::files::write_logs_parquet(&parquet, log_batches(cfg.clone()))?;
+    let args = ["--capture-content", "true", "--redact-pii", "false"];
+    let (mut server, _) = start_server(&bin, &dir, &args).await?;
+    let messages: Outbox =
+        Box::new(log_batches(cfg).map(|m| (Bytes::from(m.encode_to_vec()), records_in(&m))));
+    let report = send(&server.otlp, messages, "/v1/logs", concurrency, 0.0, None).await?;
+    println!("weft log ingest (encoding while sending): {report}");
+    terminate(&mut server)?;
+    drop(compacted(&dir)?);
+    let weft_bytes = dir_bytes(&dir) as f64 / rows as f64;
+    let (mut server, _) = start_server(&bin, &dir, &args).await?;
+    let queries = weft_bench::peers::log_queries(first, last);
+    println!("running {} log queries on weft...", queries.len());
+    let weft_results =
+        weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
+    terminate(&mut server)?;
+    weft_bench::peers::print_weft(&queries, &weft_results, false);
+    println!("loading the records into duckdb and chdb and running the same queries...");
+    let work = temp.path().join("peers");
+    std::fs::create_dir_all(&work)?;
+    let peers = weft_bench::peers::run_peers(python, &parquet, "logs", &queries, runs, &work)?;
+    println!("{rows} log records");
+    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes, "record");
+    anyhow::ensure!(agree, "answers differ between engines (see above)");
+    Ok(())
+}

@@ -206,6 +206,10 @@ enum Cmd {
         runs: usize,
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
+        /// Also compare log search (Q7) on this many generated log records (0: skip; with
+        /// `--spans 0` only the logs are compared).
+        #[arg(long, default_value_t = 0)]
+        logs: usize,
     },
     /// The canonical peer queries against a running Weft holding the generated data (same
     /// --spans/--seed), Weft only: times over HTTP and PostgreSQL wire, for profiling.
@@ -337,7 +341,16 @@ fn main() -> anyhow::Result<()> {
             python,
             runs,
             concurrency,
-        } => rt.block_on(peers(data, weft, python, runs, concurrency)),
+            logs,
+        } => rt.block_on(async {
+            if data.spans > 0 {
+                peers(&data, weft.clone(), &python, runs, concurrency).await?;
+            }
+            if logs > 0 {
+                logs_bench::peers_logs(logs, data.seed, weft, &python, runs, concurrency).await?;
+            }
+            Ok(())
+        }),
         Cmd::Metrics {
             workers,
             gpus,
@@ -866,9 +879,9 @@ fn compacted(dir: &Path) -> anyhow::Result<weft_storage::Store> {
 }
 
 async fn peers(
-    data: DataArgs,
+    data: &DataArgs,
     weft: Option<PathBuf>,
-    python: PathBuf,
+    python: &Path,
     runs: usize,
     concurrency: usize,
 ) -> anyhow::Result<()> {
@@ -881,7 +894,7 @@ async fn peers(
     let (mut server, _) = start_server(&bin, &dir, &[]).await?;
     let report = send(
         &server.otlp,
-        streamed(&data),
+        streamed(data),
         "/v1/traces",
         concurrency,
         0.0,
@@ -908,12 +921,12 @@ async fn peers(
     println!("loading duckdb and chdb and running the same queries...");
     let work = temp.path().join("peers");
     std::fs::create_dir_all(&work)?;
-    let peers = weft_bench::peers::run_peers(&python, &parquet, &queries, runs, &work)?;
+    let peers = weft_bench::peers::run_peers(python, &parquet, "spans", &queries, runs, &work)?;
     println!(
         "{rows} spans; trace {}, version {}, worker {}, adapter {}",
         params.trace, params.version, params.worker, params.adapter
     );
-    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes);
+    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes, "span");
     anyhow::ensure!(agree, "answers differ between engines (see above)");
     Ok(())
 }

@@ -411,6 +411,55 @@ pub fn queries(p: &Params) -> Vec<PeerQuery> {
 }
 
 /// Answers as JSON values: strings, integers, floats; NULL as null.
+/// Q7 of the logs issue: counting log records by their words in a time range (the middle
+/// 80% of the data's time), `refund` alone and with the phrase "charged twice". Weft asks its
+/// text index; DuckDB matches a regular expression (after a substring test); chDB asks
+/// `hasToken`, which its token bloom-filter index on the body answers (the OpenTelemetry
+/// ClickHouse exporter's logs schema), then a regular expression for the phrase. The words
+/// are lower-case in the data and free of `_`, where ClickHouse's tokens differ from Weft's.
+pub fn log_queries(first_ns: u64, last_ns: u64) -> Vec<PeerQuery> {
+    let span = last_ns.saturating_sub(first_ns);
+    let (t0, t1) = (first_ns + span / 10, first_ns + span * 9 / 10);
+    // whole seconds: the peers' literals are written in seconds
+    let (t0, t1) = (
+        t0 / 1_000_000_000 * 1_000_000_000,
+        t1 / 1_000_000_000 * 1_000_000_000,
+    );
+    let (w0, w1) = (rfc3339(t0), rfc3339(t1));
+    let (d0, d1) = (duck_ts(t0), duck_ts(t1));
+    let (c0, c1) = (ch_ts(t0), ch_ts(t1));
+    vec![
+        PeerQuery {
+            id: "Q7",
+            what: "logs containing a word, in a time range",
+            weft: format!(
+                "SELECT count(*) AS n FROM logs WHERE matches(body, 'refund') AND time >= '{w0}' AND time < '{w1}'"
+            ),
+            duckdb: format!(
+                "SELECT count(*) AS n FROM logs WHERE contains(body, 'refund') AND regexp_matches(body, '\\brefund\\b') AND time >= {d0} AND time < {d1}"
+            ),
+            chdb: format!(
+                "SELECT count() AS n FROM logs WHERE hasToken(body, 'refund') AND time >= {c0} AND time < {c1}"
+            ),
+            ordered: false,
+        },
+        PeerQuery {
+            id: "Q7b",
+            what: "logs containing a word and a phrase, in a time range",
+            weft: format!(
+                "SELECT count(*) AS n FROM logs WHERE matches(body, 'refund AND \"charged twice\"') AND time >= '{w0}' AND time < '{w1}'"
+            ),
+            duckdb: format!(
+                "SELECT count(*) AS n FROM logs WHERE contains(body, 'refund') AND contains(body, 'twice') AND regexp_matches(body, '\\brefund\\b') AND regexp_matches(body, '\\bcharged\\W+twice\\b') AND time >= {d0} AND time < {d1}"
+            ),
+            chdb: format!(
+                "SELECT count() AS n FROM logs WHERE hasToken(body, 'refund') AND hasToken(body, 'charged') AND hasToken(body, 'twice') AND match(body, '\\\\bcharged\\\\W+twice\\\\b') AND time >= {c0} AND time < {c1}"
+            ),
+            ordered: false,
+        },
+    ]
+}
+
 fn batches_to_rows(batches: &[arrow::array::RecordBatch]) -> anyhow::Result<Vec<Vec<Value>>> {
     let mut rows = Vec::new();
     for b in batches {
@@ -580,9 +629,11 @@ pub fn print_weft(queries: &[PeerQuery], results: &BTreeMap<&'static str, WeftRe
 }
 
 /// Runs `benches/peers/peers.py` and reads its JSON answer.
+/// Runs the queries on DuckDB and chDB over `parquet` loaded as `table` (`spans` or `logs`).
 pub fn run_peers(
     python: &Path,
     parquet: &Path,
+    table: &str,
     queries: &[PeerQuery],
     runs: usize,
     workdir: &Path,
@@ -600,6 +651,7 @@ pub fn run_peers(
         .arg(&spec_path)
         .arg(runs.to_string())
         .arg(workdir)
+        .arg(table)
         // its progress (load times, each query as it finishes) shows as it happens
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -616,6 +668,7 @@ pub fn report(
     weft: &BTreeMap<&'static str, WeftResult>,
     peers: &Value,
     weft_bytes_per_span: f64,
+    unit: &str,
 ) -> bool {
     let mut all_agree = true;
     let h = [
@@ -688,7 +741,7 @@ pub fn report(
         }
     }
     println!(
-        "bytes on disk per span: weft {:.2}, duckdb {:.2}, chdb {:.2}",
+        "bytes on disk per {unit}: weft {:.2}, duckdb {:.2}, chdb {:.2}",
         weft_bytes_per_span,
         peers["duckdb"]["bytes_per_span"]
             .as_f64()

@@ -273,25 +273,28 @@ fn phrase(field: Field, text: &str) -> Result<TextQuery, QueryError> {
 
 impl TextQuery {
     /// The query as the text index runs it (the same words: see `weft_storage::text`): every
-    /// record that matches, perhaps more (a phrase is asked as its words, and left out under a
-    /// `NOT`); callers check the query on what they read.
+    /// record that matches, perhaps more (a phrase under an `OR` is asked as its words, and
+    /// one under a `NOT` is left out; see [`Self::index_exact`]); callers check the query on
+    /// what they read unless it is exact.
     pub fn to_tantivy(
         &self,
         fields: &weft_storage::text::TextFields,
     ) -> Result<Box<dyn tantivy::query::Query>, QueryError> {
-        self.index_query(fields, true)
+        self.index_query(fields, true, false)
     }
 
     /// [`Self::to_tantivy`]; `positive`: whether a match of this part makes the record match
-    /// (false under a `NOT`), so that it is widened (true) or narrowed (false).
+    /// (false under a `NOT`), so that it is widened (true) or narrowed (false); `union`:
+    /// whether it is under an `OR`.
     fn index_query(
         &self,
         fields: &weft_storage::text::TextFields,
         positive: bool,
+        union: bool,
     ) -> Result<Box<dyn tantivy::query::Query>, QueryError> {
         use tantivy::Term;
         use tantivy::query::{
-            AllQuery, BooleanQuery, EmptyQuery, Occur, Query, RegexQuery, TermQuery,
+            AllQuery, BooleanQuery, EmptyQuery, Occur, PhraseQuery, Query, RegexQuery, TermQuery,
         };
         use tantivy::schema::IndexRecordOption;
         let field = |f: &Field| {
@@ -328,13 +331,19 @@ impl TextQuery {
                 )
             }
             // tantivy 0.27's phrase scorer trips over a seek backwards inside a union
-            // (`target should be greater than or equal to doc`): a phrase is asked as its words
+            // (`target should be greater than or equal to doc`): under an OR a phrase is asked
+            // as its words; elsewhere by its positions
             TextQuery::Phrase(f, words) => match (words.as_slice(), positive) {
                 ([one], _) => Box::new(TermQuery::new(
                     Term::from_field_text(field(f), one),
                     IndexRecordOption::Basic,
                 )),
                 ([], _) | (_, false) => Box::new(EmptyQuery),
+                (many, true) if !union => Box::new(PhraseQuery::new(
+                    many.iter()
+                        .map(|w| Term::from_field_text(field(f), w))
+                        .collect(),
+                )),
                 (many, true) => Box::new(BooleanQuery::new(
                     many.iter()
                         .map(|w| -> (Occur, Box<dyn Query>) {
@@ -349,15 +358,15 @@ impl TextQuery {
                         .collect(),
                 )),
             },
-            TextQuery::Not(inner) => not(inner.index_query(fields, !positive)?),
+            TextQuery::Not(inner) => not(inner.index_query(fields, !positive, union)?),
             TextQuery::And(parts) => {
                 let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
                 for p in parts {
                     clauses.push(match p {
                         TextQuery::Not(inner) => {
-                            (Occur::MustNot, inner.index_query(fields, !positive)?)
+                            (Occur::MustNot, inner.index_query(fields, !positive, union)?)
                         }
-                        p => (Occur::Must, p.index_query(fields, positive)?),
+                        p => (Occur::Must, p.index_query(fields, positive, union)?),
                     });
                 }
                 if clauses.iter().all(|(o, _)| *o == Occur::MustNot) {
@@ -368,7 +377,7 @@ impl TextQuery {
             TextQuery::Or(parts) => Box::new(BooleanQuery::new(
                 parts
                     .iter()
-                    .map(|p| Ok((Occur::Should, p.index_query(fields, positive)?)))
+                    .map(|p| Ok((Occur::Should, p.index_query(fields, positive, true)?)))
                     .collect::<Result<Vec<_>, QueryError>>()?,
             )),
         })
@@ -439,14 +448,19 @@ impl TextQuery {
         }
     }
 
-    /// Whether the text index answers the query exactly: no phrase of several words (asked as
-    /// its words) and no `NOT` (the index counts a record without a body as not containing
-    /// a word; SQL's `matches` gives such a record no answer at all).
+    /// Whether the text index answers the query exactly: no phrase of several words under an
+    /// `OR` (asked as its words) and no `NOT` (the index counts a record without a body as
+    /// not containing a word; SQL's `matches` gives such a record no answer at all).
     pub fn index_exact(&self) -> bool {
+        self.exact_in(false)
+    }
+
+    fn exact_in(&self, union: bool) -> bool {
         match self {
-            TextQuery::And(p) | TextQuery::Or(p) => p.iter().all(TextQuery::index_exact),
+            TextQuery::And(p) => p.iter().all(|p| p.exact_in(union)),
+            TextQuery::Or(p) => p.iter().all(|p| p.exact_in(true)),
             TextQuery::Not(_) => false,
-            TextQuery::Phrase(_, words) => words.len() == 1,
+            TextQuery::Phrase(_, words) => words.len() == 1 || !union,
             TextQuery::Term(..) | TextQuery::Prefix(..) => true,
         }
     }
