@@ -129,21 +129,75 @@ pub struct WindowView {
     pub blocks: Arc<BTreeSet<u64>>,
 }
 
+/// A window's index, opened. Its reader (which opens every segment) is made on the first
+/// read, so that checking a window against its blocks (at start, after a flush elsewhere)
+/// reads only the index's `meta.json`.
 struct WindowIndex {
     dir: PathBuf,
     index: Index,
-    reader: IndexReader,
-    /// The view of the last commit; swapped whole after each commit.
-    view: Mutex<WindowView>,
+    /// The blocks of the last commit.
+    held: Mutex<Arc<BTreeSet<u64>>>,
+    /// The reader and the view of the last commit (swapped whole after each commit), once
+    /// something read.
+    view: Mutex<Option<(IndexReader, WindowView)>>,
     /// One update of this window at a time.
     writing: Mutex<()>,
+    /// When it was last used (a tick of [`TextIndex::clock`]), to close the least recently
+    /// used window when too many are open.
+    used: std::sync::atomic::AtomicU64,
 }
+
+impl WindowIndex {
+    fn held(&self) -> Arc<BTreeSet<u64>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The view of the last commit, opening the reader on first use.
+    fn view(&self) -> Result<WindowView> {
+        let mut slot = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, view)) = slot.as_ref() {
+            return Ok(view.clone());
+        }
+        let reader: IndexReader = self
+            .index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(text_err)?;
+        let view = WindowView {
+            searcher: reader.searcher(),
+            blocks: self.held(),
+        };
+        *slot = Some((reader, view.clone()));
+        Ok(view)
+    }
+
+    /// After a commit that holds `blocks`: the open reader (if any) sees it.
+    fn committed(&self, blocks: BTreeSet<u64>) -> Result<()> {
+        let blocks = Arc::new(blocks);
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = blocks.clone();
+        let mut slot = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((reader, view)) = slot.as_mut() {
+            reader.reload().map_err(text_err)?;
+            *view = WindowView {
+                searcher: reader.searcher(),
+                blocks,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// How many windows' indexes stay open at most (beyond it, the least recently used one not
+/// in use is closed; it opens again when next needed).
+const OPEN_WINDOWS: usize = 64;
 
 /// Every tenant's text indexes, one per window.
 pub struct TextIndex {
     root: PathBuf,
     fields: TextFields,
     windows: Mutex<HashMap<(TenantId, u64), Arc<WindowIndex>>>,
+    clock: std::sync::atomic::AtomicU64,
 }
 
 fn text_err(e: impl std::fmt::Display) -> StorageError {
@@ -177,6 +231,7 @@ impl TextIndex {
             root,
             fields: TextFields::new(),
             windows: Mutex::new(HashMap::new()),
+            clock: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -217,9 +272,12 @@ impl TextIndex {
         window: u64,
         create: bool,
     ) -> Result<Option<Arc<WindowIndex>>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let key = (tenant.clone(), window);
+        let now = self.clock.fetch_add(1, Relaxed);
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = windows.get(&key) {
+            w.used.store(now, Relaxed);
             return Ok(Some(w.clone()));
         }
         let dir = self.dir_of(tenant, window);
@@ -234,32 +292,37 @@ impl TextIndex {
             Index::create_in_dir(&dir, self.fields.schema.clone()).map_err(text_err)?
         };
         index.set_tokenizers(tokenizer::manager());
-        let reader = index
-            .reader_builder()
-            .reload_policy(ReloadPolicy::Manual)
-            .try_into()
-            .map_err(text_err)?;
-        let blocks = Arc::new(read_payload(&index)?);
-        let view = WindowView {
-            searcher: reader.searcher(),
-            blocks,
-        };
+        let held = Arc::new(read_payload(&index)?);
         let w = Arc::new(WindowIndex {
             dir,
             index,
-            reader,
-            view: Mutex::new(view),
+            held: Mutex::new(held),
+            view: Mutex::new(None),
             writing: Mutex::new(()),
+            used: std::sync::atomic::AtomicU64::new(now),
         });
+        if windows.len() >= OPEN_WINDOWS {
+            // the least recently used window that nobody holds (a holder may be writing it:
+            // a second instance of a window must never open a second writer)
+            let idle = windows
+                .iter()
+                .filter(|(_, w)| Arc::strong_count(w) == 1)
+                .min_by_key(|(_, w)| w.used.load(Relaxed))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = idle {
+                windows.remove(&k);
+            }
+        }
         windows.insert(key, w.clone());
         Ok(Some(w))
     }
 
     /// What a window's index answers now (`None`: the window has no index).
     pub fn view(&self, tenant: &TenantId, window: u64) -> Result<Option<WindowView>> {
-        Ok(self
-            .window(tenant, window, false)?
-            .map(|w| w.view.lock().unwrap_or_else(|e| e.into_inner()).clone()))
+        match self.window(tenant, window, false)? {
+            Some(w) => Ok(Some(w.view()?)),
+            None => Ok(None),
+        }
     }
 
     /// Makes a window's index hold exactly `blocks`: documents of the blocks it lacks come
@@ -276,12 +339,7 @@ impl TextIndex {
             return Ok(());
         };
         let _one = w.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let held = w
-            .view
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .blocks
-            .clone();
+        let held = w.held();
         if blocks.is_empty() {
             self.windows
                 .lock()
@@ -309,12 +367,7 @@ impl TextIndex {
         commit.set_payload(&payload(blocks));
         commit.commit().map_err(text_err)?;
         writer.wait_merging_threads().map_err(text_err)?;
-        w.reader.reload().map_err(text_err)?;
-        *w.view.lock().unwrap_or_else(|e| e.into_inner()) = WindowView {
-            searcher: w.reader.searcher(),
-            blocks: Arc::new(blocks.clone()),
-        };
-        Ok(())
+        w.committed(blocks.clone())
     }
 }
 
@@ -385,5 +438,80 @@ impl SegmentCollector for SegmentRows {
 
     fn harvest(self) -> HashMap<u64, RoaringBitmap> {
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tantivy::query::TermQuery;
+
+    use super::*;
+    use crate::model::Value;
+
+    impl TextIndex {
+        /// (windows open, of which with a reader).
+        fn open_counts(&self) -> (usize, usize) {
+            let windows = self.windows.lock().unwrap();
+            let readers = windows
+                .values()
+                .filter(|w| w.view.lock().unwrap().is_some())
+                .count();
+            (windows.len(), readers)
+        }
+    }
+
+    #[test]
+    fn checking_windows_opens_no_reader_and_open_windows_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TenantId::new("t").unwrap();
+        let windows = OPEN_WINDOWS as u64 + 6;
+        let doc = |fields: &TextFields, w: u64| {
+            let l = LogRecord {
+                body: Value::Str(format!("refund window{w}")),
+                ..Default::default()
+            };
+            fields.doc(&l, w, 0)
+        };
+        {
+            let text = TextIndex::open(dir.path()).unwrap();
+            for w in 0..windows {
+                let blocks = BTreeSet::from([w]);
+                text.sync(&t, w, &blocks, |b| Ok(vec![doc(text.fields(), b)]))
+                    .unwrap();
+            }
+            let (open, _) = text.open_counts();
+            assert!(open <= OPEN_WINDOWS, "{open} windows open");
+        }
+        // a start checks every window against its blocks: no segment is opened
+        let text = TextIndex::open(dir.path()).unwrap();
+        for w in 0..windows {
+            let blocks = BTreeSet::from([w]);
+            text.sync(&t, w, &blocks, |_| panic!("up to date: nothing to add"))
+                .unwrap();
+        }
+        assert_eq!(text.open_counts().1, 0);
+        // reading every window: each answers, and no more than the bound stay open
+        let query = TermQuery::new(
+            Term::from_field_text(text.fields().field("body").unwrap(), "refund"),
+            IndexRecordOption::Basic,
+        );
+        for w in 0..windows {
+            let view = text.view(&t, w).unwrap().unwrap();
+            assert_eq!(view.count(&query).unwrap(), 1);
+            assert_eq!(*view.blocks, BTreeSet::from([w]));
+        }
+        let (open, readers) = text.open_counts();
+        assert!(
+            open <= OPEN_WINDOWS && readers <= open,
+            "{open} / {readers}"
+        );
+        // a window closed on the way opens again, and a new commit is seen
+        let view = text.view(&t, 0).unwrap().unwrap();
+        assert_eq!(view.count(&query).unwrap(), 1);
+        let blocks = BTreeSet::from([0, 1000]);
+        text.sync(&t, 0, &blocks, |b| Ok(vec![doc(text.fields(), b)]))
+            .unwrap();
+        let view = text.view(&t, 0).unwrap().unwrap();
+        assert_eq!(view.count(&query).unwrap(), 2);
     }
 }
