@@ -136,12 +136,22 @@ const MODELS: &[(&str, &str)] = &[
     ("qwen2.5-32b", "2025-11"),
     ("mistral-7b", "2025-08"),
 ];
-const PLANTED: &[&str] = &[
+/// Personal data planted in prompts, in warnings and in attributes (redaction must remove
+/// every one of them before disk unless a tenant turns it off).
+pub const PLANTED: &[&str] = &[
     "jane.doe@example.com",
     "+1 415-555-0132",
     "4539 1488 0343 6467",
     "sk-proj-abcdefghijklmnop1234",
+    "203.0.113.77",
+    "AKIAPLANTEDKEY000000",
 ];
+
+/// The context leaks planted in a few requests (the kinds the leak scan reports).
+pub const PLANTED_LEAKS: &[&str] = &["raw_prompt_header", "prompt_fanout", "repeated_prompt_hash"];
+
+/// The service that copies prompts where they should not go (a `prompt_fanout` leak).
+pub const LEAK_SERVICE: &str = "analytics-sink";
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -260,6 +270,12 @@ impl Gen {
         );
         let done = t0 + ((prefill + decode) * 1e6) as u64;
         out.push((1, record(done, 9, metrics, "", vec![])));
+        // the prompt's hash, as a gateway logs it
+        let hash = {
+            use sha2::Digest;
+            hex::encode(&sha2::Sha256::digest(prompt.as_bytes())[..8])
+        };
+        out[0].1.attributes.push(attr("llm.prompt.hash", &hash));
         if self.rng.random_bool(0.5) {
             let body = format!(
                 r#"{{"finish_reason":"stop","model":"{model}","message":{{"content":"{answer}"}}}}"#
@@ -287,11 +303,48 @@ impl Gen {
             ));
         }
         if self.rng.random_bool(0.1) {
-            let body = format!(
+            let mut body = format!(
                 "slow request: queue wait {:.0} ms on {worker}",
                 self.rng.random_range(200.0..3000.0f64)
             );
+            if self.rng.random_bool(0.3) {
+                body.push_str(&format!(" for {} from {}", PLANTED[0], PLANTED[4]));
+            }
             out.push((0, record(done + 900, 13, body, "", vec![])));
+        }
+        if self.rng.random_bool(0.01) {
+            // personal data outside any prompt: in a warning's text and in attributes
+            let body = format!(
+                "rejected api key {} for {}; retry with key {}",
+                PLANTED[3], PLANTED[0], PLANTED[5]
+            );
+            let attributes = vec![
+                attr("enduser.phone", PLANTED[1]),
+                attr("payment.note", &format!("card {}", PLANTED[2])),
+                attr("client.address", PLANTED[4]),
+            ];
+            out.push((0, record(done + 950, 13, body, "", attributes)));
+        }
+        if self.rng.random_bool(0.005) {
+            match PLANTED_LEAKS[self.rng.random_range(0..PLANTED_LEAKS.len())] {
+                "raw_prompt_header" => out[0]
+                    .1
+                    .attributes
+                    .push(attr("http.request.header.x-raw-prompt", &prompt)),
+                "prompt_fanout" => {
+                    out[1].1.attributes.push(attr("llm.prompt.hash", &hash));
+                    let body = format!("exported prompt {hash} to the analytics warehouse");
+                    let attributes = vec![attr("llm.prompt.hash", &hash)];
+                    out.push((2, record(done + 1_000, 9, body, "", attributes)));
+                }
+                _ => {
+                    for chunk in 0..6 {
+                        let body = format!("stream chunk {chunk}");
+                        let attributes = vec![attr("llm.prompt.hash", &hash)];
+                        out.push((1, record(done + 10 * chunk, 9, body, "", attributes)));
+                    }
+                }
+            }
         }
         out
     }
@@ -316,7 +369,7 @@ pub fn log_batches(cfg: LogConfig) -> impl Iterator<Item = ExportLogsServiceRequ
         if g.emitted >= g.cfg.records {
             return None;
         }
-        let mut by_service: [Vec<LogRecord>; 2] = [Vec::new(), Vec::new()];
+        let mut by_service: [Vec<LogRecord>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         let mut n = 0;
         while n < g.cfg.batch && g.emitted < g.cfg.records {
             for (service, record) in g.request() {
@@ -325,23 +378,28 @@ pub fn log_batches(cfg: LogConfig) -> impl Iterator<Item = ExportLogsServiceRequ
                 g.emitted += 1;
             }
         }
-        let [gateway, engine] = by_service;
+        let [gateway, engine, sink] = by_service;
         Some(ExportLogsServiceRequest {
-            resource_logs: [("llm-gateway", gateway), ("inference-engine", engine)]
-                .into_iter()
-                .map(|(service, records)| ResourceLogs {
-                    resource: Some(resource(service)),
-                    scope_logs: vec![ScopeLogs {
-                        scope: Some(InstrumentationScope {
-                            name: format!("{service}.logger"),
-                            ..Default::default()
-                        }),
-                        log_records: records,
-                        schema_url: String::new(),
-                    }],
+            resource_logs: [
+                ("llm-gateway", gateway),
+                ("inference-engine", engine),
+                (LEAK_SERVICE, sink),
+            ]
+            .into_iter()
+            .filter(|(_, records)| !records.is_empty())
+            .map(|(service, records)| ResourceLogs {
+                resource: Some(resource(service)),
+                scope_logs: vec![ScopeLogs {
+                    scope: Some(InstrumentationScope {
+                        name: format!("{service}.logger"),
+                        ..Default::default()
+                    }),
+                    log_records: records,
                     schema_url: String::new(),
-                })
-                .collect(),
+                }],
+                schema_url: String::new(),
+            })
+            .collect(),
         })
     })
 }

@@ -149,3 +149,129 @@ async fn every_acknowledged_log_record_survives_sigkill_exactly_once() {
         assert_eq!(logs[0]["body"].as_str(), Some(body.as_str()));
     }
 }
+
+/// Redaction on the generator's data: its log records carry personal data (in prompts, in
+/// warnings' text, in attributes) and a few context leaks. Sent to a server that compresses
+/// nothing (so that a byte search of its files means something), no planted value may be
+/// found in any file of the data directory (write-ahead head before the stop, blocks and
+/// text index after it), nor through SQL, log search, a trace's logs or the leak scan; the
+/// leak scan reports each planted kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_logs_leave_no_planted_value_on_disk_or_in_a_read_path() {
+    use prost::Message;
+    use weft_bench::logs::{LogConfig, PLANTED, PLANTED_LEAKS, log_batches};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Weft::start(dir.path(), &["--compression", "none"]);
+    let c = Client::new();
+    let cfg = LogConfig {
+        records: 30_000,
+        ..Default::default()
+    };
+    let mut sent: Vec<u8> = Vec::new();
+    for m in log_batches(cfg) {
+        let body = m.encode_to_vec();
+        sent.extend_from_slice(&body);
+        let r = c
+            .post(
+                &format!("{}/v1/logs", w.otlp),
+                &[("content-type", "application/x-protobuf")],
+                body,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let contains =
+        |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    // every value was sent, or finding none of them proves nothing
+    for v in PLANTED {
+        assert!(contains(&sent, v), "the generator did not plant {v}");
+    }
+    let on_disk = |dir: &std::path::Path| -> Vec<&str> {
+        let mut files = vec![dir.to_path_buf()];
+        let mut found = Vec::new();
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                found.extend(PLANTED.iter().filter(|v| contains(&bytes, v)));
+            }
+        }
+        found
+    };
+    assert_eq!(
+        on_disk(dir.path()),
+        Vec::<&str>::new(),
+        "in the write-ahead head"
+    );
+
+    let mut read = String::new();
+    read +=
+        &serde_json::Value::Array(sql_rows(&c, &w, None, "SELECT * FROM logs").await).to_string();
+    let traces = sql_rows(
+        &c,
+        &w,
+        None,
+        "SELECT DISTINCT trace_id FROM logs WHERE matches(body, 'rejected OR slow') LIMIT 20",
+    )
+    .await;
+    assert!(!traces.is_empty());
+    for t in &traces {
+        let id = t[0].as_str().unwrap();
+        let r = c
+            .get(&format!("{}/api/v1/traces/{id}/logs", w.http), &[])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        read += &r.text();
+    }
+    for q in ["rejected", "slow", "prompt", "exported"] {
+        let r = c
+            .get(
+                &format!("{}/api/v1/logs/search?q={q}&limit=500", w.http),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        read += &r.text();
+    }
+    let r = c
+        .get(
+            &format!("{}/api/v1/leaks?start=2025-11-30T00:00:00Z", w.http),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let findings = r.json().unwrap();
+    read += &findings.to_string();
+    let kinds: HashSet<&str> = findings["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    for kind in PLANTED_LEAKS {
+        assert!(kinds.contains(kind), "{kind} not reported: {findings}");
+    }
+    let leaked: Vec<&&str> = PLANTED.iter().filter(|v| read.contains(*v)).collect();
+    assert!(leaked.is_empty(), "read back: {leaked:?}");
+    for placeholder in ["<email>", "<phone>", "<card>", "<api_key>", "<ip>"] {
+        assert!(
+            read.contains(placeholder),
+            "{placeholder} not in what was read"
+        );
+    }
+    let m = metrics(&c, &w).await;
+    assert!(m.contains("weft_redactions_total{rule=\"email\"}"), "{m}");
+
+    // a clean stop flushes every head into blocks and the text index
+    assert!(w.terminate());
+    assert_eq!(
+        on_disk(dir.path()),
+        Vec::<&str>::new(),
+        "in blocks or index"
+    );
+}
