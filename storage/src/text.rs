@@ -64,10 +64,16 @@ impl TextFields {
         let text = TEXT_FIELDS
             .iter()
             .map(|name| {
-                let tokenizer = if *name == "body" { WORDS } else { FIELD_WORDS };
+                // positions for the body's phrases; the other fields are short values, asked
+                // by their words (a phrase there is checked on the records read)
+                let (tokenizer, option) = if *name == "body" {
+                    (WORDS, IndexRecordOption::WithFreqsAndPositions)
+                } else {
+                    (FIELD_WORDS, IndexRecordOption::Basic)
+                };
                 let indexing = TextFieldIndexing::default()
                     .set_tokenizer(tokenizer)
-                    .set_index_option(IndexRecordOption::WithFreqsAndPositions)
+                    .set_index_option(option)
                     .set_fieldnorms(false);
                 b.add_text_field(name, TextOptions::default().set_indexing_options(indexing))
             })

@@ -273,9 +273,9 @@ fn phrase(field: Field, text: &str) -> Result<TextQuery, QueryError> {
 
 impl TextQuery {
     /// The query as the text index runs it (the same words: see `weft_storage::text`): every
-    /// record that matches, perhaps more (a phrase under an `OR` is asked as its words, and
-    /// one under a `NOT` is left out; see [`Self::index_exact`]); callers check the query on
-    /// what they read unless it is exact.
+    /// record that matches, perhaps more (a phrase under an `OR` or on a field other than the
+    /// body is asked as its words, and one under a `NOT` is left out; see
+    /// [`Self::index_exact`]); callers check the query on what they read unless it is exact.
     pub fn to_tantivy(
         &self,
         fields: &weft_storage::text::TextFields,
@@ -339,7 +339,7 @@ impl TextQuery {
                     IndexRecordOption::Basic,
                 )),
                 ([], _) | (_, false) => Box::new(EmptyQuery),
-                (many, true) if !union => Box::new(PhraseQuery::new(
+                (many, true) if !union && *f == Field::Body => Box::new(PhraseQuery::new(
                     many.iter()
                         .map(|w| Term::from_field_text(field(f), w))
                         .collect(),
@@ -449,7 +449,7 @@ impl TextQuery {
     }
 
     /// Whether the text index answers the query exactly: no phrase of several words under an
-    /// `OR` (asked as its words) and no `NOT` (the index counts a record without a body as
+    /// `OR` or on a field other than the body (asked as its words) and no `NOT` (the index counts a record without a body as
     /// not containing a word; SQL's `matches` gives such a record no answer at all).
     pub fn index_exact(&self) -> bool {
         self.exact_in(false)
@@ -460,7 +460,7 @@ impl TextQuery {
             TextQuery::And(p) => p.iter().all(|p| p.exact_in(union)),
             TextQuery::Or(p) => p.iter().all(|p| p.exact_in(true)),
             TextQuery::Not(_) => false,
-            TextQuery::Phrase(_, words) => words.len() == 1 || !union,
+            TextQuery::Phrase(f, words) => words.len() == 1 || (!union && *f == Field::Body),
             TextQuery::Term(..) | TextQuery::Prefix(..) => true,
         }
     }
