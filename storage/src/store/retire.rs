@@ -91,18 +91,27 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes blocks' data, graves and cached entries, then compacts their key ranges.
+    /// Deletes blocks' data, graves and cached entries, then the split keys of traces no block
+    /// holds any more, then compacts their key ranges.
     pub(super) fn delete_blocks(&self, dead: &[Dead]) -> Result<()> {
         let data = self.cf(CF_DATA);
         let meta = self.cf(CF_META);
         let mut batch = WriteBatch::default();
+        let mut split: Vec<(&TenantId, TraceId)> = Vec::new();
         for (tenant, signal, addr) in dead {
             let (signal, addr) = (*signal, *addr);
+            let known = match signal {
+                Signal::Spans => self.lock().splits.get(tenant).cloned(),
+                _ => None,
+            };
             for entry in self
                 .block_traces_in(tenant, signal, addr)
                 .unwrap_or_default()
             {
                 batch.delete_cf(data, keys::trace_id(tenant, signal, &entry.trace_id, addr));
+                if known.as_ref().is_some_and(|k| k.contains(&entry.trace_id)) {
+                    split.push((tenant, entry.trace_id));
+                }
             }
             for kind in [keys::CHUNK, keys::POSTINGS] {
                 let from = keys::block_key(tenant, signal, kind, addr);
@@ -114,7 +123,47 @@ impl Store {
         }
         self.db.write_opt(batch, &self.sync)?;
         self.forget_cached(dead);
+        self.forget_splits(split)?;
         self.compact_deleted(dead);
+        Ok(())
+    }
+
+    /// Deletes the split keys of those traces that no block holds any more (their blocks
+    /// went with retention), so that the keys do not outlive the data. Under the flush lock:
+    /// a flush decides which split keys to write from the known ones.
+    fn forget_splits(&self, mut split: Vec<(&TenantId, TraceId)>) -> Result<()> {
+        if split.is_empty() {
+            return Ok(());
+        }
+        split.sort_unstable();
+        split.dedup();
+        let _no_flush = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gone: Vec<(&TenantId, TraceId)> = Vec::new();
+        for (tenant, trace) in split {
+            if self
+                .trace_locations_of(tenant, Signal::Spans, &trace)?
+                .is_empty()
+            {
+                gone.push((tenant, trace));
+            }
+        }
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        for (tenant, trace) in &gone {
+            batch.delete_cf(
+                self.cf(CF_META),
+                keys::split_trace(tenant, Signal::Spans, trace),
+            );
+        }
+        self.db.write_opt(batch, &self.sync)?;
+        let mut state = self.lock();
+        for (tenant, trace) in gone {
+            if let Some(known) = state.splits.get_mut(tenant) {
+                Arc::make_mut(known).remove(&trace);
+            }
+        }
         Ok(())
     }
 

@@ -1108,3 +1108,65 @@ fn rows_of_a_tenant_past_max_tenants_are_refused_and_known_tenants_go_on() {
     assert!(store.append(&tenant("c"), spans.clone()).is_err());
     store.append(&tenant("b"), random_traces(23, 1)).unwrap();
 }
+
+/// A trace's split key (it has rows in several blocks) goes when retention has taken every
+/// block that holds the trace, and stays while one is left; after a restart too.
+#[test]
+fn split_keys_go_with_the_last_block_of_their_trace() {
+    use crate::clock::ManualClock;
+    use crate::retention::{Retention, RetentionRule};
+    const H: u64 = 3_600_000_000_000;
+    let t0 = 1_000 * H;
+    let clock = Arc::new(ManualClock::new(UnixNanos(t0)));
+    let a = tenant("a");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        retention: Retention {
+            tenants: [(
+                a.clone(),
+                RetentionRule {
+                    all: Some(Duration::from_secs(2 * 3600)),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        },
+        clock: clock.clone(),
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    // trace 1: two blocks of window 0; trace 2: a block of window 0 and one of window 2
+    for batch in [
+        vec![span_at(1, 1, t0 + 10), span_at(2, 1, t0 + 20)],
+        vec![span_at(1, 2, t0 + 30)],
+        vec![span_at(2, 2, t0 + 2 * H + 10)],
+    ] {
+        store.append(&a, batch).unwrap();
+        store.flush(true).unwrap();
+    }
+    let split = |store: &Store| -> Vec<u8> {
+        let mut ids: Vec<u8> = store.snapshot(&a).splits.iter().map(|t| t.0[0]).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let split_keys = |store: &Store| -> usize {
+        store
+            .db
+            .iterator_cf(store.cf(CF_META), rocksdb::IteratorMode::Start)
+            .filter(|i| keys::split(&i.as_ref().unwrap().0).is_some_and(|p| p.kind == keys::SPLIT))
+            .count()
+    };
+    assert_eq!(split(&store), vec![1, 2]);
+    assert_eq!(split_keys(&store), 2);
+    // window 0 falls out: trace 1 has no block left, trace 2 has one
+    clock.set(UnixNanos(t0 + 3 * H + H / 2));
+    store.enforce_retention().unwrap();
+    store.enforce_retention().unwrap();
+    assert_eq!(store.trace(&a, &TraceId([2; 16])).unwrap().len(), 1);
+    assert_eq!(split(&store), vec![2]);
+    assert_eq!(split_keys(&store), 1);
+    drop(store);
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(split(&store), vec![2]);
+}
