@@ -653,6 +653,17 @@ struct Server {
     pg: String,
 }
 
+/// A run that stops on an error must not leave its server running (it would load the
+/// machine for every later measurement): a server not terminated is killed.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn weft_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let path = match explicit {
         Some(p) => p,
