@@ -123,7 +123,7 @@ pub fn search_logs(
     req: &LogSearch,
 ) -> Result<LogPage, QueryError> {
     let snapshot = store.log_snapshot(tenant);
-    let mut scan = LogScan {
+    let scan = LogScan {
         from: req.start,
         to: req.end.map(|e| e.saturating_sub(1)),
         terms: req
@@ -134,9 +134,14 @@ pub fn search_logs(
         columns: PICK_COLUMNS.to_vec(),
         ..Default::default()
     };
-    if let Some(q) = &req.q {
-        scan.text = text_hits(store, tenant, &snapshot, &scan, q)?;
-    }
+    // the text index is asked one window at a time, as the walk reaches it: a page is most
+    // often settled within the newest window
+    let query = match &req.q {
+        Some(q) => Some(q.to_tantivy(store.text_fields())?),
+        None => None,
+    };
+    let exact = req.q.as_ref().is_some_and(TextQuery::index_exact);
+    let mut windows: HashMap<u64, Option<std::sync::Arc<TextHits>>> = HashMap::new();
     let keep = |l: &LogRecord| {
         req.min_severity.is_none_or(|m| l.severity_number >= m)
             && req.cursor.is_none_or(|c| LogCursor::of(l) < c)
@@ -169,14 +174,39 @@ pub fn search_logs(
         if req.cursor.is_some_and(|c| meta.min_start > c.time) {
             continue; // every record of the block is on earlier pages
         }
+        let in_window;
+        let scan = match &query {
+            Some(query) => {
+                let hits = match windows.get(&addr.window) {
+                    Some(hits) => hits.clone(),
+                    None => {
+                        let mut hits = TextHits {
+                            exact,
+                            ..Default::default()
+                        };
+                        let any =
+                            add_window(store, tenant, addr.window, query.as_ref(), &mut hits)?;
+                        let hits = any.then(|| std::sync::Arc::new(hits));
+                        windows.insert(addr.window, hits.clone());
+                        hits
+                    }
+                };
+                in_window = LogScan {
+                    text: hits,
+                    ..scan.clone()
+                };
+                &in_window
+            }
+            None => &scan,
+        };
         if body_only {
             if let Some((rows, columns)) =
-                store.block_log_columns(tenant, &snapshot, **addr, meta, &scan)?
+                store.block_log_columns(tenant, &snapshot, **addr, meta, scan)?
             {
                 pick_rows(req, b, &rows, &columns, &mut found)?;
             }
         } else {
-            for l in store.block_logs(tenant, &snapshot, **addr, meta, &scan)? {
+            for l in store.block_logs(tenant, &snapshot, **addr, meta, scan)? {
                 if keep(&l) {
                     found.push((LogCursor::of(&l), Found::Record(Box::new(l))));
                 }
@@ -236,14 +266,25 @@ pub fn text_hits(
     };
     let mut any = false;
     for window in windows {
-        let Some(view) = store.text_view(tenant, window)? else {
-            continue;
-        };
-        any = true;
-        hits.rows.extend(view.hits(query.as_ref())?);
-        hits.indexed.extend(view.blocks.iter().copied());
+        any |= add_window(store, tenant, window, query.as_ref(), &mut hits)?;
     }
     Ok(any.then(|| std::sync::Arc::new(hits)))
+}
+
+/// Adds a window's hits of a query and its indexed blocks; whether the window has an index.
+fn add_window(
+    store: &Store,
+    tenant: &TenantId,
+    window: u64,
+    query: &dyn tantivy::query::Query,
+    hits: &mut TextHits,
+) -> Result<bool, QueryError> {
+    let Some(view) = store.text_view(tenant, window)? else {
+        return Ok(false);
+    };
+    hits.rows.extend(view.hits(query)?);
+    hits.indexed.extend(view.blocks.iter().copied());
+    Ok(true)
 }
 
 /// The columns a block's rows are picked by before any is decoded whole.

@@ -40,7 +40,7 @@ pub struct Task {
 }
 
 /// The tasks every store runs.
-pub fn tasks() -> [Task; 3] {
+pub fn tasks() -> [Task; 4] {
     [
         // heads into blocks when due; once writes have stopped for a while, RocksDB's
         // memtables too, so that its write-ahead files are released
@@ -51,6 +51,12 @@ pub fn tasks() -> [Task; 3] {
                 let flushed = store.flush_due() && store.flush(false)? > 0;
                 Ok(store.release_idle(IDLE_RELEASE)? || flushed)
             },
+        },
+        // the text index follows the flushed log blocks
+        Task {
+            name: "index",
+            every: Duration::from_millis(500),
+            round: |store| Ok(store.index_pending()),
         },
         Task {
             name: "merge",

@@ -300,6 +300,18 @@ type Written = Vec<(BlockAddr, Arc<BlockMeta>)>;
 /// Text documents of new blocks, by window and block.
 type TextDocs = BTreeMap<u64, HashMap<u64, Vec<tantivy::TantivyDocument>>>;
 
+/// Text documents waiting for the index task: by (tenant, window), the documents of the
+/// window's new blocks, and how many documents are kept in all.
+#[derive(Default)]
+struct PendingText {
+    windows: BTreeMap<(TenantId, u64), HashMap<u64, Vec<tantivy::TantivyDocument>>>,
+    docs: usize,
+}
+
+/// The most documents kept for the index task; beyond it they are dropped and the task reads
+/// the blocks back (memory stays bounded when indexing falls behind ingest).
+const PENDING_TEXT_DOCS: usize = 200_000;
+
 /// What a flush of one head did.
 struct Flushed<R> {
     written: Written,
@@ -383,6 +395,9 @@ pub struct Store {
     pub stats: StoreStats,
     /// Full text over log records (see [`crate::text`]).
     text: crate::text::TextIndex,
+    /// Windows whose text index is behind their blocks since a flush, with the documents of
+    /// their new blocks while they are few enough to keep (see [`Store::index_pending`]).
+    text_pending: Mutex<PendingText>,
     /// Each tenant's metric series (see [`metrics`]).
     series: metrics::Catalogs,
     /// Tests leave the text index behind the blocks here (a crash before its commit).
@@ -484,6 +499,7 @@ impl Store {
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
             text,
+            text_pending: Default::default(),
             series: Default::default(),
             #[cfg(test)]
             test_skip_text: AtomicBool::new(false),
@@ -990,12 +1006,29 @@ impl Store {
                 }
             }
         }
-        // the new blocks are visible: their text follows (a failure is counted and mended
-        // by the next update of the window, or at open)
-        for (tenant, text) in texts {
-            for (window, mut docs) in text {
-                self.sync_text(&tenant, window, &mut docs);
+        // the new blocks are visible: their text follows, from the index task (so that a
+        // flush never waits on the index's merges; readers match the records of blocks the
+        // index does not hold yet), at once when forced (a close, or a caller that wants
+        // everything settled)
+        if !texts.is_empty() {
+            let mut pending = self.text_pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (tenant, text) in texts {
+                for (window, docs) in text {
+                    pending.docs += docs.values().map(Vec::len).sum::<usize>();
+                    pending
+                        .windows
+                        .entry((tenant.clone(), window))
+                        .or_default()
+                        .extend(docs);
+                }
             }
+            if pending.docs > PENDING_TEXT_DOCS {
+                pending.windows.values_mut().for_each(HashMap::clear);
+                pending.docs = 0;
+            }
+        }
+        if force {
+            self.index_pending();
         }
         first_error.map_or(Ok(blocks), Err)
     }
@@ -1049,6 +1082,22 @@ impl Store {
             self.stats.text_index_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(tenant = %tenant, window, error = %e, "text index update failed");
         }
+    }
+
+    /// Brings the text index of every window flushed since the last call up to its blocks (a
+    /// failure is counted and mended by the next update of the window, or at open); whether
+    /// there was any.
+    pub fn index_pending(&self) -> bool {
+        let windows = {
+            let mut pending = self.text_pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.docs = 0;
+            std::mem::take(&mut pending.windows)
+        };
+        let any = !windows.is_empty();
+        for ((tenant, window), mut docs) in windows {
+            self.sync_text(&tenant, window, &mut docs);
+        }
+        any
     }
 
     /// Brings every window's text index up to its log blocks (at open: a crash may have

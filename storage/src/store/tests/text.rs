@@ -113,6 +113,23 @@ fn the_text_index_answers_what_the_records_say_through_flushes_merges_restarts_a
             store.flush(true).unwrap();
         }
         check(&store, &t);
+        // a flush that is not forced leaves the index to the index task
+        let before: BTreeSet<BlockAddr> = store.log_snapshot(&t).blocks.keys().copied().collect();
+        store.append_logs(&t, random_logs(7, 400)).unwrap();
+        assert!(store.flush(false).unwrap() > 0);
+        let after: BTreeSet<BlockAddr> = store.log_snapshot(&t).blocks.keys().copied().collect();
+        let new: Vec<&BlockAddr> = after.difference(&before).collect();
+        assert!(!new.is_empty());
+        for addr in &new {
+            let view = store.text_view(&t, addr.window).unwrap();
+            assert!(
+                view.is_none_or(|v| !v.blocks.contains(&addr.block)),
+                "indexed by the flush"
+            );
+        }
+        assert!(store.index_pending());
+        assert!(!store.index_pending(), "nothing left");
+        check(&store, &t);
         // merged blocks: the index follows
         while store.merge_small_blocks().unwrap() {}
         check(&store, &t);
