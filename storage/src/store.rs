@@ -310,7 +310,7 @@ struct PendingText {
 
 /// The most documents kept for the index task; beyond it they are dropped and the task reads
 /// the blocks back (memory stays bounded when indexing falls behind ingest).
-const PENDING_TEXT_DOCS: usize = 200_000;
+const PENDING_TEXT_DOCS: usize = 50_000;
 
 /// What a flush of one head did.
 struct Flushed<R> {
