@@ -269,6 +269,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_metric_series_deleted_total",
+        "Metric series deleted once retention took their last points.",
+        load(&s.series_deleted),
+    );
+    counter(
+        &mut out,
         "weft_writes_refused_disk_full_total",
         "Writes refused (507 / RESOURCE_EXHAUSTED) because the data directory's filesystem had less free space than --min-free-disk.",
         load(&s.refused_disk_full),

@@ -127,6 +127,8 @@ pub struct StoreStats {
     pub blocks_deleted: AtomicU64,
     /// Metric series registered.
     pub series_created: AtomicU64,
+    /// Series deleted after retention took their last points.
+    pub series_deleted: AtomicU64,
     /// Text index updates that failed (the index catches up at the next update or open).
     pub text_index_errors: AtomicU64,
     /// When the last append was written, in milliseconds since the store opened.
@@ -588,8 +590,12 @@ impl Store {
                 let id = <[u8; 4]>::try_from(parts.rest)
                     .map_err(|_| StorageError::corrupt("series key", hex::encode(&key)))?;
                 let series = crate::codec::decode_series(&value)?;
-                self.series
-                    .load(TenantId::new(parts.tenant)?, u32::from_be_bytes(id), series)?;
+                self.series.load(
+                    TenantId::new(parts.tenant)?,
+                    u32::from_be_bytes(id),
+                    series,
+                    self.opts.clock.now().0,
+                )?;
                 continue;
             }
             let addr = keys::read_addr(parts.rest)

@@ -12,11 +12,24 @@ impl Store {
         let _one_at_a_time = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
         self.expire_signal::<SpanRecord>()?;
         self.expire_signal::<LogRecord>()?;
-        self.expire_signal::<MetricPoint>()?;
-        self.delete_retired()
+        let metrics = self.expire_signal::<MetricPoint>()?;
+        let deleted = self.delete_retired()?;
+        // series whose last points went (their blocks' data is deleted above, or still held
+        // by a reader: then they go with a later window)
+        let now = self.opts.clock.now();
+        for tenant in metrics {
+            if let Some(cutoff) = self.opts.retention.cutoff(&tenant, Signal::Metrics, now) {
+                let gone = self.forget_series(&tenant, cutoff.0)?;
+                if gone > 0 {
+                    tracing::info!(tenant = %tenant, series = gone, "series out of retention deleted");
+                }
+            }
+        }
+        Ok(deleted)
     }
 
-    fn expire_signal<R: Lane>(&self) -> Result<()> {
+    /// Retires a signal's blocks out of retention; returns the tenants that had any.
+    fn expire_signal<R: Lane>(&self) -> Result<Vec<TenantId>> {
         let now = self.opts.clock.now();
         let expired: Vec<(TenantId, Vec<BlockAddr>)> = {
             let state = self.lock();
@@ -47,6 +60,6 @@ impl Store {
                 .fetch_add(addrs.len() as u64, Ordering::Relaxed);
             tracing::info!(tenant = %tenant, signal = R::SIGNAL.name(), blocks = addrs.len(), "blocks out of retention retired");
         }
-        Ok(())
+        Ok(expired.into_iter().map(|(t, _)| t).collect())
     }
 }

@@ -16,23 +16,33 @@ use super::*;
 use crate::block::metrics::{self, MetricColumns, col};
 use crate::model::{Series, SeriesId};
 
-/// One tenant's series.
+/// One tenant's series. Ids are given in order; a series whose points have all gone with
+/// retention is deleted ([`Store::forget_series`]) and leaves a gap.
 #[derive(Debug, Default)]
 pub struct SeriesCatalog {
     ids: rustc_hash::FxHashMap<Vec<u8>, SeriesId>,
-    series: Vec<Arc<Series>>,
+    series: Vec<Option<Arc<Series>>>,
+    /// When each series was last registered or looked up by a writer (store clock, ns): a
+    /// series a writer holds the id of is never deleted under it.
+    touched: Vec<std::sync::atomic::AtomicU64>,
     names: BTreeMap<String, RoaringBitmap>,
     labels: BTreeMap<String, BTreeMap<String, RoaringBitmap>>,
 }
 
 impl SeriesCatalog {
-    fn insert(&mut self, id: SeriesId, series: Series) -> Result<()> {
-        if id as usize != self.series.len() {
+    fn insert(&mut self, id: SeriesId, series: Series, now: u64) -> Result<()> {
+        if (id as usize) < self.series.len() {
             return Err(StorageError::corrupt(
                 "series catalog",
                 format!("series {id} follows {} series", self.series.len()),
             ));
         }
+        // gaps are deleted series (at open: they are not in the meta column family)
+        while self.series.len() < id as usize {
+            self.series.push(None);
+            self.touched.push(Default::default());
+        }
+        self.touched.push(std::sync::atomic::AtomicU64::new(now));
         self.ids.insert(series.identity(), id);
         self.names
             .entry(series.name.clone())
@@ -46,10 +56,43 @@ impl SeriesCatalog {
                 .or_default()
                 .insert(id);
         }
-        self.series.push(Arc::new(series));
+        self.series.push(Some(Arc::new(series)));
         Ok(())
     }
 
+    /// Takes a series out: its id stays unused.
+    fn remove(&mut self, id: SeriesId) -> Option<Arc<Series>> {
+        let series = self.series.get_mut(id as usize)?.take()?;
+        self.ids.remove(&series.identity());
+        if let Some(ids) = self.names.get_mut(&series.name) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.names.remove(&series.name);
+            }
+        }
+        for (k, v) in &series.labels {
+            if let Some(values) = self.labels.get_mut(k) {
+                if let Some(ids) = values.get_mut(v) {
+                    ids.remove(id);
+                    if ids.is_empty() {
+                        values.remove(v);
+                    }
+                }
+                if values.is_empty() {
+                    self.labels.remove(k);
+                }
+            }
+        }
+        Some(series)
+    }
+
+    fn touch(&self, id: SeriesId, now: u64) {
+        if let Some(t) = self.touched.get(id as usize) {
+            t.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// One past the highest series id given (deleted series included).
     pub fn len(&self) -> usize {
         self.series.len()
     }
@@ -58,8 +101,14 @@ impl SeriesCatalog {
         self.series.is_empty()
     }
 
+    /// How many series there are (deleted ones left out).
+    pub fn live(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// A series by id (`None`: never given, or deleted).
     pub fn get(&self, id: SeriesId) -> Option<&Arc<Series>> {
-        self.series.get(id as usize)
+        self.series.get(id as usize)?.as_ref()
     }
 
     /// Metric names with their series.
@@ -107,10 +156,16 @@ impl Catalogs {
     }
 
     /// A series read from the meta column family at open.
-    pub(crate) fn load(&self, tenant: TenantId, id: SeriesId, series: Series) -> Result<()> {
+    pub(crate) fn load(
+        &self,
+        tenant: TenantId,
+        id: SeriesId,
+        series: Series,
+        now: u64,
+    ) -> Result<()> {
         let catalog = self.of(&tenant);
         let mut catalog = catalog.write().unwrap_or_else(|e| e.into_inner());
-        catalog.insert(id, series)
+        catalog.insert(id, series, now)
     }
 }
 
@@ -160,8 +215,34 @@ impl MetricScan {
 }
 
 impl Store {
-    /// The rows of a metric block holding the given series, from the block's series runs (read
-    /// once per block, then kept: blocks are immutable).
+    /// A metric block's runs of rows of one series, (series, first row, rows), read once per
+    /// block, then kept: blocks are immutable.
+    fn series_runs_of(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+    ) -> Result<Arc<Vec<(u32, u32, u32)>>> {
+        let key = keys::block_key(tenant, Signal::Metrics, keys::META, addr);
+        if let Some(runs) = self.series_runs.get(&key) {
+            return Ok(runs);
+        }
+        let ids = self
+            .reader_of(tenant, Signal::Metrics, addr, meta)
+            .ints(col::SERIES, &Rows::All)?;
+        let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+        for (row, id) in ids.iter().enumerate() {
+            match runs.last_mut() {
+                Some(last) if last.0 == *id as u32 => last.2 += 1,
+                _ => runs.push((*id as u32, row as u32, 1)),
+            }
+        }
+        let runs = Arc::new(runs);
+        self.series_runs.insert(key, 1, runs.clone());
+        Ok(runs)
+    }
+
+    /// The rows of a metric block holding the given series, from the block's series runs.
     fn rows_of_series(
         &self,
         tenant: &TenantId,
@@ -169,25 +250,7 @@ impl Store {
         meta: &BlockMeta,
         series: &RoaringBitmap,
     ) -> Result<RoaringBitmap> {
-        let key = keys::block_key(tenant, Signal::Metrics, keys::META, addr);
-        let runs = match self.series_runs.get(&key) {
-            Some(runs) => runs,
-            None => {
-                let ids = self
-                    .reader_of(tenant, Signal::Metrics, addr, meta)
-                    .ints(col::SERIES, &Rows::All)?;
-                let mut runs: Vec<(u32, u32, u32)> = Vec::new();
-                for (row, id) in ids.iter().enumerate() {
-                    match runs.last_mut() {
-                        Some(last) if last.0 == *id as u32 => last.2 += 1,
-                        _ => runs.push((*id as u32, row as u32, 1)),
-                    }
-                }
-                let runs = Arc::new(runs);
-                self.series_runs.insert(key, 1, runs.clone());
-                runs
-            }
-        };
+        let runs = self.series_runs_of(tenant, addr, meta)?;
         let mut out = RoaringBitmap::new();
         let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
             return Ok(out);
@@ -215,8 +278,15 @@ impl Store {
         );
         let catalog = self.series.of(tenant);
         let identities: Vec<Vec<u8>> = series.iter().map(Series::identity).collect();
+        let now = self.opts.clock.now().0;
         let lookup = |c: &SeriesCatalog| -> Vec<Option<SeriesId>> {
-            identities.iter().map(|i| c.ids.get(i).copied()).collect()
+            identities
+                .iter()
+                .map(|i| {
+                    let id = c.ids.get(i).copied();
+                    id.inspect(|id| c.touch(*id, now))
+                })
+                .collect()
         };
         let found = lookup(&catalog.read().unwrap_or_else(|e| e.into_inner()));
         if found.iter().all(Option::is_some) {
@@ -256,12 +326,78 @@ impl Store {
         self.db.write_opt(batch, &self.sync)?;
         let mut c = catalog.write().unwrap_or_else(|e| e.into_inner());
         for (id, s) in fresh {
-            c.insert(id, s)?;
+            c.insert(id, s, now)?;
         }
         self.stats
             .series_created
             .fetch_add(assigned.len() as u64, Ordering::Relaxed);
         Ok(found.into_iter().flatten().collect())
+    }
+
+    /// Deletes the series of a tenant that no block (live, or retired and still read) and no
+    /// head row holds a point of, and that no writer has used since `cutoff` (the tenant's
+    /// retention cutoff): after retention took their last points, the catalog does not keep
+    /// them (nor their names and label values in listings). Returns how many went.
+    pub(super) fn forget_series(&self, tenant: &TenantId, cutoff: u64) -> Result<usize> {
+        let Some(catalog) = self.series.get(tenant) else {
+            return Ok(0);
+        };
+        let (blocks, head) = {
+            let state = self.lock();
+            let mut blocks: Vec<(BlockAddr, Arc<BlockMeta>)> = Vec::new();
+            let mut head = RoaringBitmap::new();
+            if let Some(t) = state.metrics.get(tenant) {
+                blocks.extend(t.blocks.iter().map(|(a, m)| (*a, m.clone())));
+                let frozen = t.frozen.iter().flat_map(|f| f.batches.iter());
+                for batch in t.head.batches.iter().chain(frozen) {
+                    head.extend(batch.iter().map(|p| p.series));
+                }
+            }
+            blocks.extend(
+                state
+                    .retired
+                    .iter()
+                    .filter(|(t, s, _, _)| t == tenant && *s == Signal::Metrics)
+                    .map(|(_, _, a, m)| (*a, m.clone())),
+            );
+            (blocks, head)
+        };
+        let mut held = head;
+        for (addr, meta) in &blocks {
+            held.extend(
+                self.series_runs_of(tenant, *addr, meta)?
+                    .iter()
+                    .map(|r| r.0),
+            );
+        }
+        let _no_registration = self
+            .series
+            .registering
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut c = catalog.write().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<SeriesId> = (0..c.len() as SeriesId)
+            .filter(|id| {
+                c.get(*id).is_some()
+                    && !held.contains(*id)
+                    && c.touched[*id as usize].load(Ordering::Relaxed) < cutoff
+            })
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let mut batch = WriteBatch::default();
+        for id in &gone {
+            batch.delete_cf(self.cf(CF_META), keys::series(tenant, *id));
+        }
+        self.db.write_opt(batch, &self.sync)?;
+        for id in &gone {
+            c.remove(*id);
+        }
+        self.stats
+            .series_deleted
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        Ok(gone.len())
     }
 
     /// A tenant's series catalog (`None`: the tenant has no series).

@@ -219,3 +219,90 @@ fn metric_blocks_merge_and_expire_like_every_signal() {
             .is_empty()
     );
 }
+
+/// A series goes once retention has taken its last point (from the catalog, its name and
+/// label values, and the meta column family), and one with points left stays, under its id;
+/// after a restart too. A series a writer used since the cutoff stays, and a deleted series
+/// that comes back gets a new id.
+#[test]
+fn series_go_with_their_last_points() {
+    use crate::clock::ManualClock;
+    use crate::retention::{Retention, RetentionRule};
+    const H: u64 = 3600 * 1_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(UnixNanos(T0)));
+    let t = tenant("acme");
+    let opts = StoreOptions {
+        clock: clock.clone(),
+        retention: Retention {
+            default: RetentionRule {
+                all: Some(Duration::from_secs(2 * 3600)),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    let (old, kept) = (
+        gauge("gpu_util", "0", "w-old"),
+        gauge("gpu_util", "1", "w-1"),
+    );
+    let ids = store
+        .register_series(&t, &[old.clone(), kept.clone()])
+        .unwrap();
+    let point = |series: SeriesId, time: u64| MetricPoint {
+        series,
+        time: UnixNanos(time),
+        value: PointValue::Number(1.0),
+        ..Default::default()
+    };
+    store
+        .append_points(&t, vec![point(ids[0], T0), point(ids[1], T0)])
+        .unwrap();
+    store.flush(true).unwrap();
+    // the kept series has a point three hours later, the old one none
+    clock.set(UnixNanos(T0 + 3 * H));
+    assert_eq!(
+        store.register_series(&t, std::slice::from_ref(&kept)).unwrap(),
+        vec![ids[1]]
+    );
+    store
+        .append_points(&t, vec![point(ids[1], T0 + 3 * H)])
+        .unwrap();
+    store.flush(true).unwrap();
+    clock.set(UnixNanos(T0 + 3 * H + H / 2));
+    store.enforce_retention().unwrap();
+    store.enforce_retention().unwrap();
+    let catalog = |store: &Store| {
+        let c = store.series_catalog(&t).unwrap();
+        let c = c.read().unwrap();
+        (
+            c.get(ids[0]).is_some(),
+            c.get(ids[1]).is_some(),
+            c.with_label("worker.id", "w-old").len(),
+            c.labels()["worker.id"].len(),
+            c.named("gpu_util").len(),
+            c.live(),
+        )
+    };
+    assert_eq!(catalog(&store), (false, true, 0, 1, 1, 1));
+    assert_eq!(store.stats.series_deleted.load(Ordering::Relaxed), 1);
+    drop(store);
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert_eq!(catalog(&store), (false, true, 0, 1, 1, 1));
+    // it comes back: a new id, and its points read back
+    let back = store.register_series(&t, &[old]).unwrap()[0];
+    assert!(back > ids[1]);
+    store
+        .append_points(&t, vec![point(back, T0 + 3 * H + H / 2)])
+        .unwrap();
+    let snapshot = store.metric_snapshot(&t);
+    let got = store
+        .metric_points(&t, &snapshot, None, None, None)
+        .unwrap();
+    assert_eq!(
+        got.iter().map(|p| p.series).collect::<Vec<_>>(),
+        vec![ids[1], back]
+    );
+}
