@@ -150,8 +150,8 @@ fn pushdown(e: &Expr) -> TableProviderFilterPushDown {
     }
 }
 
-/// Whether a filter compares `time` with timestamp literals after the epoch, which
-/// [`compare`] turns into an inclusive range exactly.
+/// Whether a filter compares the `time` column (not a cast of it) with timestamp literals
+/// after the epoch, which [`compare`] turns into an inclusive range exactly.
 fn exact_time(e: &Expr) -> bool {
     let stamp = |v: &Expr| {
         literal(v).is_some_and(|v| {
@@ -164,7 +164,8 @@ fn exact_time(e: &Expr) -> bool {
             ) && nanos(v).is_some_and(|n| n >= 1)
         })
     };
-    let time = |c: &Expr| column_of(c) == Some("time");
+    // the column itself: a cast (to seconds, say) would compare other values
+    let time = |c: &Expr| matches!(c, Expr::Column(col) if col.name == "time");
     match e {
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             matches!(

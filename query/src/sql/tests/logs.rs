@@ -202,6 +202,10 @@ fn text_and_time_filters_are_exact_in_the_scan() {
         format!(" AND time BETWEEN to_timestamp_nanos({mid}) AND to_timestamp_nanos({late})"),
         format!(" AND time <= to_timestamp_nanos({mid})"),
         format!(" AND time = to_timestamp_nanos({mid})"),
+        format!(
+            " AND CAST(time AS TIMESTAMP(0)) > to_timestamp_seconds({})",
+            mid / 1_000_000_000
+        ),
     ];
     for q in queries {
         for range in &ranges {

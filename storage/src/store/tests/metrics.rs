@@ -264,7 +264,9 @@ fn series_go_with_their_last_points() {
     // the kept series has a point three hours later, the old one none
     clock.set(UnixNanos(T0 + 3 * H));
     assert_eq!(
-        store.register_series(&t, std::slice::from_ref(&kept)).unwrap(),
+        store
+            .register_series(&t, std::slice::from_ref(&kept))
+            .unwrap(),
         vec![ids[1]]
     );
     store
