@@ -255,6 +255,19 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         "Log text index updates that failed (mended by the next update or at start).",
         load(&s.text_index_errors),
     );
+    let (windows, docs) = store.text_backlog();
+    gauge(
+        &mut out,
+        "weft_text_index_backlog_windows",
+        "Log windows whose text index is behind their flushed blocks (the index task catches up; searches match those blocks' records meanwhile).",
+        windows as f64,
+    );
+    gauge(
+        &mut out,
+        "weft_text_index_backlog_documents",
+        "Documents of flushed log blocks kept in memory for the index task.",
+        docs as f64,
+    );
     counter(
         &mut out,
         "weft_rows_waiting_for_parent_total",

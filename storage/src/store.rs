@@ -1106,6 +1106,12 @@ impl Store {
         any
     }
 
+    /// The index task's backlog: windows behind their blocks, documents kept for them.
+    pub fn text_backlog(&self) -> (usize, usize) {
+        let pending = self.text_pending.lock().unwrap_or_else(|e| e.into_inner());
+        (pending.windows.len(), pending.docs)
+    }
+
     /// Brings every window's text index up to its log blocks (at open: a crash may have
     /// come between a block's commit and its index's).
     pub(crate) fn sync_all_text(&self) -> Result<()> {

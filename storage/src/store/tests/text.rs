@@ -127,8 +127,14 @@ fn the_text_index_answers_what_the_records_say_through_flushes_merges_restarts_a
                 "indexed by the flush"
             );
         }
+        let (windows, docs) = store.text_backlog();
+        assert!(
+            windows >= 1 && docs == 400,
+            "{windows} windows, {docs} documents"
+        );
         assert!(store.index_pending());
         assert!(!store.index_pending(), "nothing left");
+        assert_eq!(store.text_backlog(), (0, 0));
         check(&store, &t);
         // merged blocks: the index follows
         while store.merge_small_blocks().unwrap() {}
