@@ -14,6 +14,9 @@ use crate::store::Store;
 
 /// How long writes must have stopped before the memtables are flushed.
 pub const IDLE_RELEASE: Duration = Duration::from_secs(30);
+/// How long an idle tenant keeps its last flushed head's row identities (retries of a batch
+/// arriving this soon after its flush are still stored once).
+pub const RECENT_KEEP: Duration = Duration::from_secs(300);
 
 /// Longest wait before a failed task runs again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -49,7 +52,8 @@ pub fn tasks() -> [Task; 4] {
             every: Duration::from_millis(100),
             round: |store| {
                 let flushed = store.flush_due() && store.flush(false)? > 0;
-                Ok(store.release_idle(IDLE_RELEASE)? || flushed)
+                let released = store.release_recent(RECENT_KEEP);
+                Ok(store.release_idle(IDLE_RELEASE)? || flushed || released)
             },
         },
         // the text index follows the flushed log blocks

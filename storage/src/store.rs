@@ -205,6 +205,10 @@ struct TenantState<R: Row> {
     /// Row identities of the last flushed head, so a retry arriving just after a flush is
     /// still stored once.
     recent: rustc_hash::FxHashSet<R::Id>,
+    /// When `recent` was taken (it is dropped once the tenant has been idle for
+    /// [`crate::background::RECENT_KEEP`]: an idle tenant does not hold its last head's
+    /// identities for ever).
+    recent_at: Option<Instant>,
     /// Copy-on-write, so a reader's snapshot is one reference count.
     blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
     /// When each window last received a flushed block (windows still being written are
@@ -220,6 +224,7 @@ impl<R: Row> Default for TenantState<R> {
             replayed: 0,
             frozen: None,
             recent: Default::default(),
+            recent_at: None,
             blocks: Default::default(),
             last_write: BTreeMap::new(),
         }
@@ -1001,6 +1006,7 @@ impl Store {
                     }
                     Arc::make_mut(&mut t.blocks).extend(written);
                     t.recent = head.seen.clone();
+                    t.recent_at = Some(now);
                     t.frozen = None;
                     // the first head flushed after open held every replayed row
                     t.replayed = 0;
@@ -1687,6 +1693,30 @@ impl Store {
             self.idle_flushed.store(true, Ordering::Release);
         }
         Ok(true)
+    }
+
+    /// Drops the last flushed head's row identities of every tenant whose head has stayed empty
+    /// for `keep` since that flush (a retry that late is no longer "just after a flush");
+    /// whether any went.
+    pub fn release_recent(&self, keep: Duration) -> bool {
+        fn lane<R: Row>(lanes: &mut HashMap<TenantId, TenantState<R>>, keep: Duration) -> bool {
+            let mut any = false;
+            for t in lanes.values_mut() {
+                if t.head.is_empty()
+                    && t.frozen.is_none()
+                    && t.recent_at.is_some_and(|at| at.elapsed() >= keep)
+                {
+                    t.recent = Default::default();
+                    t.recent_at = None;
+                    any = true;
+                }
+            }
+            any
+        }
+        let mut state = self.lock();
+        let spans = lane(&mut state.spans, keep);
+        let logs = lane(&mut state.logs, keep);
+        lane(&mut state.metrics, keep) || spans || logs
     }
 
     /// Flushes every column family's memtable: RocksDB keeps a write-ahead file until all of

@@ -139,6 +139,13 @@ fn a_retried_log_batch_is_stored_once_before_and_after_flush() {
     let after_flush = store.append_logs(&t, logs.clone()).unwrap();
     assert_eq!((after_flush.stored, after_flush.duplicates), (0, 300));
     assert_eq!(all_logs(&store, &t).len(), 300);
+    // an idle tenant keeps its last head's identities only for a while
+    let held = |store: &Store| store.lock().logs[&t].recent.len();
+    assert_eq!(held(&store), 300);
+    assert!(!store.release_recent(Duration::from_secs(3600)));
+    assert_eq!(held(&store), 300);
+    assert!(store.release_recent(Duration::ZERO));
+    assert_eq!(held(&store), 0);
     // a record that differs in one field is another record
     let mut changed = logs[0].clone();
     changed.severity_text = "FATAL".into();
