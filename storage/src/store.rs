@@ -1005,9 +1005,14 @@ impl Store {
                         t.last_write.insert(addr.window, now);
                     }
                     Arc::make_mut(&mut t.blocks).extend(written);
-                    t.recent = head.seen.clone();
-                    t.recent_at = Some(now);
                     t.frozen = None;
+                    // the frozen head's identities become `recent`: moved, not copied, once
+                    // nothing else holds the head (readers hold its batches, not the head)
+                    t.recent = match Arc::try_unwrap(head) {
+                        Ok(head) => head.seen,
+                        Err(head) => head.seen.clone(),
+                    };
+                    t.recent_at = Some(now);
                     // the first head flushed after open held every replayed row
                     t.replayed = 0;
                 }
