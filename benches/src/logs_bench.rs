@@ -132,27 +132,23 @@ pub(crate) async fn peers_logs(
     let (rows, first, last) =
         weft_bench::files::write_logs_parquet(&parquet, log_batches(cfg.clone()))?;
     let args = ["--capture-content", "true", "--redact-pii", "false"];
-    let (mut server, _) = start_server(&bin, &dir, &args).await?;
+    let (server, _) = start_server(&bin, &dir, &args).await?;
     let messages: Outbox =
         Box::new(log_batches(cfg).map(|m| (Bytes::from(m.encode_to_vec()), records_in(&m))));
     let report = send(&server.otlp, messages, "/v1/logs", concurrency, 0.0, None).await?;
     println!("weft log ingest (encoding while sending): {report}");
-    terminate(&mut server)?;
-    drop(compacted(&dir)?);
-    let weft_bytes = dir_bytes(&dir) as f64 / rows as f64;
-    let (mut server, _) = start_server(&bin, &dir, &args).await?;
+    let run = PeerRun {
+        bin: &bin,
+        dir: &dir,
+        server_args: &args,
+        parquet: &parquet,
+        table: "logs",
+        unit: "record",
+        rows,
+        python,
+        runs,
+    };
     let queries = weft_bench::peers::log_queries(first, last);
-    println!("running {} log queries on weft...", queries.len());
-    let weft_results =
-        weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
-    terminate(&mut server)?;
-    weft_bench::peers::print_weft(&queries, &weft_results, false);
-    println!("loading the records into duckdb and chdb and running the same queries...");
-    let work = temp.path().join("peers");
-    std::fs::create_dir_all(&work)?;
-    let peers = weft_bench::peers::run_peers(python, &parquet, "logs", &queries, runs, &work)?;
-    println!("{rows} log records");
-    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes, "record");
-    anyhow::ensure!(agree, "answers differ between engines (see above)");
-    Ok(())
+    run.compare(server, &queries, &format!("{rows} log records"))
+        .await
 }

@@ -902,7 +902,7 @@ async fn peers(
     let parquet = temp.path().join("spans.parquet");
     println!("generating {} spans (seed {})...", data.spans, data.seed);
     let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
-    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    let (server, _) = start_server(&bin, &dir, &[]).await?;
     let report = send(
         &server.otlp,
         streamed(data),
@@ -913,31 +913,80 @@ async fn peers(
     )
     .await?;
     println!("weft ingest (encoding while sending): {report}");
-    terminate(&mut server)?;
-    drop(compacted(&dir)?);
-    let weft_bytes = dir_bytes(&dir) as f64 / rows as f64;
-    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
-
     let params = weft_bench::peers::Params::choose(&data.config());
-    let queries = weft_bench::peers::queries(&params);
-    println!(
-        "running {} queries on weft ({runs} runs each after a warm-up)...",
-        queries.len()
-    );
-    let weft_results =
-        weft_bench::peers::run_weft(&server.http, &server.pg, &queries, runs).await?;
-    terminate(&mut server)?;
-    // Weft's figures first: the peers can take long on large data
-    weft_bench::peers::print_weft(&queries, &weft_results, false);
-    println!("loading duckdb and chdb and running the same queries...");
-    let work = temp.path().join("peers");
-    std::fs::create_dir_all(&work)?;
-    let peers = weft_bench::peers::run_peers(python, &parquet, "spans", &queries, runs, &work)?;
-    println!(
+    let run = PeerRun {
+        bin: &bin,
+        dir: &dir,
+        server_args: &[],
+        parquet: &parquet,
+        table: "spans",
+        unit: "span",
+        rows,
+        python,
+        runs,
+    };
+    let summary = format!(
         "{rows} spans; trace {}, version {}, worker {}, adapter {}",
         params.trace, params.version, params.worker, params.adapter
     );
-    let agree = weft_bench::peers::report(&queries, &weft_results, &peers, weft_bytes, "span");
-    anyhow::ensure!(agree, "answers differ between engines (see above)");
-    Ok(())
+    run.compare(server, &weft_bench::peers::queries(&params), &summary)
+        .await
+}
+
+/// What a side-by-side run compares, once the data is in Weft and in a Parquet file.
+struct PeerRun<'a> {
+    bin: &'a Path,
+    /// Weft's data directory.
+    dir: &'a Path,
+    server_args: &'a [&'a str],
+    parquet: &'a Path,
+    /// The peers' table (`spans` or `logs`), and what one of its rows is called.
+    table: &'a str,
+    unit: &'a str,
+    rows: usize,
+    python: &'a Path,
+    runs: usize,
+}
+
+impl PeerRun<'_> {
+    /// Stops the server that received the data, measures its compacted store, runs the
+    /// queries on Weft (restarted), then on DuckDB and chDB, and reports; an error when any
+    /// answer differs.
+    async fn compare(
+        &self,
+        mut server: Server,
+        queries: &[weft_bench::peers::PeerQuery],
+        summary: &str,
+    ) -> anyhow::Result<()> {
+        terminate(&mut server)?;
+        drop(compacted(self.dir)?);
+        let weft_bytes = dir_bytes(self.dir) as f64 / self.rows as f64;
+        let (mut server, _) = start_server(self.bin, self.dir, self.server_args).await?;
+        println!(
+            "running {} queries on weft ({} runs each after a warm-up)...",
+            queries.len(),
+            self.runs
+        );
+        let weft_results =
+            weft_bench::peers::run_weft(&server.http, &server.pg, queries, self.runs).await?;
+        terminate(&mut server)?;
+        // Weft's figures first: the peers can take long on large data
+        weft_bench::peers::print_weft(queries, &weft_results, false);
+        println!("loading duckdb and chdb and running the same queries...");
+        let work = self.parquet.with_extension("peers");
+        std::fs::create_dir_all(&work)?;
+        let peers = weft_bench::peers::run_peers(
+            self.python,
+            self.parquet,
+            self.table,
+            queries,
+            self.runs,
+            &work,
+        )?;
+        println!("{summary}");
+        let agree =
+            weft_bench::peers::report(queries, &weft_results, &peers, weft_bytes, self.unit);
+        anyhow::ensure!(agree, "answers differ between engines (see above)");
+        Ok(())
+    }
 }
