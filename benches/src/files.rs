@@ -130,6 +130,18 @@ const KINDS: [&str; 6] = [
 ];
 const STATUS: [&str; 3] = ["UNSET", "OK", "ERROR"];
 
+/// A resource's `service.name` (`unknown_service` without one, as Weft names it).
+fn service_name(resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>) -> &str {
+    resource
+        .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| match &v.value {
+            Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .unwrap_or("unknown_service")
+}
+
 /// Writes the spans of `messages` as one flat Parquet file (the peers' copy of the data).
 pub fn write_parquet(
     path: &Path,
@@ -155,15 +167,7 @@ pub fn write_parquet(
             .map(|_| Float64Builder::new())
             .collect();
         for rs in &m.resource_spans {
-            let service = rs
-                .resource
-                .as_ref()
-                .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
-                .and_then(|kv| kv.value.as_ref())
-                .and_then(|v| match &v.value {
-                    Some(any_value::Value::StringValue(s)) => Some(s.clone()),
-                    _ => None,
-                });
+            let service = service_name(rs.resource.as_ref());
             for span in rs.scope_spans.iter().flat_map(|s| &s.spans) {
                 rows += 1;
                 strs[0].append_value(hex::encode(&span.trace_id));
@@ -173,7 +177,7 @@ pub fn write_parquet(
                 } else {
                     strs[2].append_value(hex::encode(&span.parent_span_id))
                 }
-                strs[3].append_value(service.as_deref().unwrap_or("unknown_service"));
+                strs[3].append_value(service);
                 strs[4].append_value(&span.name);
                 strs[5].append_value(KINDS.get(span.kind as usize).unwrap_or(&"UNSPECIFIED"));
                 strs[6].append_value(
@@ -267,16 +271,7 @@ pub fn write_logs_parquet(
         let mut time = TimestampNanosecondBuilder::new().with_timezone("UTC");
         let mut strs: Vec<StringBuilder> = (0..4).map(|_| StringBuilder::new()).collect();
         for rl in &m.resource_logs {
-            let service = rl
-                .resource
-                .as_ref()
-                .and_then(|r| r.attributes.iter().find(|kv| kv.key == "service.name"))
-                .and_then(|kv| kv.value.as_ref())
-                .and_then(|v| match &v.value {
-                    Some(any_value::Value::StringValue(s)) => Some(s.as_str()),
-                    _ => None,
-                })
-                .unwrap_or("unknown_service");
+            let service = service_name(rl.resource.as_ref());
             for l in rl.scope_logs.iter().flat_map(|s| &s.log_records) {
                 rows += 1;
                 first = first.min(l.time_unix_nano);

@@ -784,34 +784,35 @@ fn keys_in_window(store: &Store, tenant: &TenantId, window: u64) -> usize {
     n
 }
 
+/// Small-store options where `tenant` keeps two hours of data, by `clock`.
+fn two_hours_for(tenant: &TenantId, clock: Arc<crate::clock::ManualClock>) -> StoreOptions {
+    use crate::retention::{Retention, RetentionRule};
+    StoreOptions {
+        retention: Retention {
+            tenants: [(
+                tenant.clone(),
+                RetentionRule {
+                    all: Some(Duration::from_secs(2 * 3600)),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        },
+        clock,
+        ..small_opts()
+    }
+}
+
 #[test]
 fn retention_hides_old_rows_at_once_and_deletes_windows_that_fell_out() {
     use crate::clock::ManualClock;
-    use crate::retention::{Retention, RetentionRule};
     const H: u64 = 3_600_000_000_000;
     let t0 = 1_000 * H; // a window boundary
     let clock = Arc::new(ManualClock::new(UnixNanos(t0)));
     let a = tenant("a");
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        StoreOptions {
-            retention: Retention {
-                tenants: [(
-                    a.clone(),
-                    RetentionRule {
-                        all: Some(Duration::from_secs(2 * 3600)),
-                        ..Default::default()
-                    },
-                )]
-                .into(),
-                ..Default::default()
-            },
-            clock: clock.clone(),
-            ..small_opts()
-        },
-    )
-    .unwrap();
+    let store = Store::open(dir.path(), two_hours_for(&a, clock.clone())).unwrap();
     // window 0: traces 1 and 2; window 1: trace 6, then trace 3, which the cutoff will
     // split; window 2: trace 4
     let mut spans: Vec<SpanRecord> = (0..50).map(|i| span_at(1, i, t0 + i * 1_000_000)).collect();
@@ -1114,27 +1115,12 @@ fn rows_of_a_tenant_past_max_tenants_are_refused_and_known_tenants_go_on() {
 #[test]
 fn split_keys_go_with_the_last_block_of_their_trace() {
     use crate::clock::ManualClock;
-    use crate::retention::{Retention, RetentionRule};
     const H: u64 = 3_600_000_000_000;
     let t0 = 1_000 * H;
     let clock = Arc::new(ManualClock::new(UnixNanos(t0)));
     let a = tenant("a");
     let dir = tempfile::tempdir().unwrap();
-    let opts = StoreOptions {
-        retention: Retention {
-            tenants: [(
-                a.clone(),
-                RetentionRule {
-                    all: Some(Duration::from_secs(2 * 3600)),
-                    ..Default::default()
-                },
-            )]
-            .into(),
-            ..Default::default()
-        },
-        clock: clock.clone(),
-        ..small_opts()
-    };
+    let opts = two_hours_for(&a, clock.clone());
     let store = Store::open(dir.path(), opts.clone()).unwrap();
     // trace 1: two blocks of window 0; trace 2: a block of window 0 and one of window 2
     for batch in [
