@@ -1027,23 +1027,7 @@ impl Store {
         // flush never waits on the index's merges; readers match the records of blocks the
         // index does not hold yet), at once when forced (a close, or a caller that wants
         // everything settled)
-        if !texts.is_empty() {
-            let mut pending = self.text_pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (tenant, text) in texts {
-                for (window, docs) in text {
-                    pending.docs += docs.values().map(Vec::len).sum::<usize>();
-                    pending
-                        .windows
-                        .entry((tenant.clone(), window))
-                        .or_default()
-                        .extend(docs);
-                }
-            }
-            if pending.docs > PENDING_TEXT_DOCS {
-                pending.windows.values_mut().for_each(HashMap::clear);
-                pending.docs = 0;
-            }
-        }
+        self.queue_text(texts);
         if force {
             self.index_pending();
         }
@@ -1098,6 +1082,29 @@ impl Store {
         if let Err(e) = result {
             self.stats.text_index_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(tenant = %tenant, window, error = %e, "text index update failed");
+        }
+    }
+
+    /// Hands the documents of newly flushed log blocks to the index task ([`PendingText`]).
+    fn queue_text(&self, texts: Vec<(TenantId, TextDocs)>) {
+        if texts.is_empty() {
+            return;
+        }
+        let mut pending = self.text_pending.lock().unwrap_or_else(|e| e.into_inner());
+        for (tenant, text) in texts {
+            for (window, docs) in text {
+                pending.docs += docs.values().map(Vec::len).sum::<usize>();
+                pending
+                    .windows
+                    .entry((tenant.clone(), window))
+                    .or_default()
+                    .extend(docs);
+            }
+        }
+        if pending.docs > PENDING_TEXT_DOCS {
+            // kept no more: the task reads those blocks back
+            pending.windows.values_mut().for_each(HashMap::clear);
+            pending.docs = 0;
         }
     }
 
