@@ -297,10 +297,8 @@ pub enum ConfigError {
     Invalid { key: &'static str, detail: String },
 }
 
-fn compression(
-    value: Option<String>,
-) -> Result<weft_storage::block::format::Compression, ConfigError> {
-    use weft_storage::block::format::Compression;
+fn compression(value: Option<String>) -> Result<weft_storage::Compression, ConfigError> {
+    use weft_storage::Compression;
     match value.as_deref() {
         None | Some("zstd") => Ok(Compression::Zstd),
         Some("none") => Ok(Compression::None),
@@ -680,7 +678,7 @@ mod tests {
 
     #[test]
     fn retention_per_tenant_and_signal_from_the_file_and_flags() {
-        use weft_storage::keys::Signal;
+        use weft_storage::Signal;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weft.toml");
         std::fs::write(

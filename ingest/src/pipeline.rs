@@ -208,7 +208,7 @@ impl Ingester {
     pub(crate) fn row_limits(
         &self,
         tenant: &weft_storage::model::TenantId,
-        signal: weft_storage::keys::Signal,
+        signal: weft_storage::Signal,
     ) -> crate::otlp::convert::SpanLimits {
         let retention = self.store.options().retention.of(tenant, signal);
         crate::otlp::convert::SpanLimits {

@@ -16,8 +16,8 @@ use std::hash::{Hash, Hasher};
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use weft_storage::Store;
-use weft_storage::block::logs::{col, dim};
 use weft_storage::model::{LogRecord, TenantId, TraceId};
+use weft_storage::scan::logs::{col, dim};
 use weft_storage::store::{LogScan, TextHits};
 
 use crate::error::QueryError;

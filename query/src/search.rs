@@ -4,11 +4,8 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use roaring::RoaringBitmap;
 use weft_storage::Store;
-use weft_storage::block::TraceEntry;
-use weft_storage::block::reader::Rows;
-use weft_storage::block::writer::col;
-use weft_storage::codec::Reader;
 use weft_storage::model::{SpanRecord, TenantId, TraceId, Value};
+use weft_storage::scan::{BlockView, Rows, TraceEntry};
 use weft_storage::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, dedicated_for};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::SummaryBuilder;
@@ -232,7 +229,7 @@ fn matching_rows(
         .attributes
         .iter()
         .filter(|(key, _)| dedicated_for(key).is_none_or(|(i, _)| !DEDICATED[i].indexed));
-    let reader = store.block_reader(tenant, work.addr, meta);
+    let reader = store.block_view(tenant, work.addr, meta);
     for (key, value) in unindexed {
         if rows.is_empty() {
             break;
@@ -242,13 +239,13 @@ fn matching_rows(
     let time_filtered = req.start.is_some_and(|s| meta.min_start < s)
         || req.end.is_some_and(|e| meta.max_start >= e);
     if time_filtered && !rows.is_empty() {
-        let starts = reader.ints(col::START, &Rows::Set(rows.clone()))?;
+        let starts = reader.starts(&Rows::Set(rows.clone()))?;
         rows = keep(&rows, &starts, |t| {
             req.start.is_none_or(|s| t as u64 >= s) && req.end.is_none_or(|e| (t as u64) < e)
         });
     }
     if (req.min_duration_ns.is_some() || req.max_duration_ns.is_some()) && !rows.is_empty() {
-        let durations = reader.ints(col::DURATION, &Rows::Set(rows.clone()))?;
+        let durations = reader.durations(&Rows::Set(rows.clone()))?;
         rows = keep(&rows, &durations, |d| duration_ok(d as u64, req));
     }
     Ok(rows)
@@ -266,41 +263,20 @@ fn duration_ok(d: u64, req: &SearchRequest) -> bool {
     req.min_duration_ns.is_none_or(|m| d >= m) && req.max_duration_ns.is_none_or(|m| d <= m)
 }
 
-/// Rows among `rows` whose attribute `key` equals `value`, wherever the block keeps it: its
-/// dedicated or dynamic column, or the generic map.
-fn attribute_rows<S: weft_storage::block::reader::ChunkSource>(
-    reader: &weft_storage::block::BlockReader<'_, S>,
+/// Rows among `rows` whose attribute `key` equals `value`, wherever the block keeps it.
+fn attribute_rows(
+    reader: &BlockView<'_>,
     key: &str,
     value: &str,
     rows: &RoaringBitmap,
 ) -> Result<RoaringBitmap, QueryError> {
-    let selection = Rows::Set(rows.clone());
-    let mut out = RoaringBitmap::new();
-    let typed = match dedicated_for(key) {
-        Some((i, _)) => format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[i].name),
-        None => format!("{}{}", col::DYNAMIC_PREFIX, key),
-    };
-    if let Some(values) = reader.attribute_values(&typed, &selection)? {
-        out.extend(
-            rows.iter()
-                .zip(values)
-                .filter(|(_, v)| v.as_ref().is_some_and(|v| value_matches(v, value)))
-                .map(|(r, _)| r),
-        );
-    }
-    if let Some(blobs) = reader.blobs(col::ATTRIBUTES_OTHER, &selection)? {
-        for (row, blob) in rows.iter().zip(blobs) {
-            let Some(blob) = blob else { continue };
-            let attrs = Reader::new(&blob).attrs()?;
-            if attrs
-                .iter()
-                .any(|kv| kv.key == key && value_matches(&kv.value, value))
-            {
-                out.insert(row);
-            }
-        }
-    }
-    Ok(out)
+    let values = reader.attribute(key, &Rows::Set(rows.clone()))?;
+    Ok(rows
+        .iter()
+        .zip(values)
+        .filter(|(_, v)| v.as_ref().is_some_and(|v| value_matches(v, value)))
+        .map(|(r, _)| r)
+        .collect())
 }
 
 fn value_matches(v: &Value, text: &str) -> bool {

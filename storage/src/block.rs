@@ -12,6 +12,6 @@ pub mod writer;
 #[cfg(test)]
 mod proptests;
 
-pub use format::{BlockMeta, ColumnMeta, TraceEntry};
+pub use format::{BlockMeta, TraceEntry};
 pub use reader::BlockReader;
-pub use writer::{BuiltBlock, build_block};
+pub use writer::BuiltBlock;

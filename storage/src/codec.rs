@@ -22,10 +22,8 @@ use crate::model::*;
 
 mod log;
 mod metric;
-pub use log::{LOG_ROW_VERSION, decode_logs, encode_logs};
-pub use metric::{
-    POINT_ROW_VERSION, SERIES_VERSION, decode_points, decode_series, encode_points, encode_series,
-};
+pub use log::{decode_logs, encode_logs};
+pub use metric::{decode_points, decode_series, encode_points, encode_series};
 
 pub const SPAN_ROW_VERSION: u8 = 2;
 /// The write-ahead span batch layout written now (see the module doc).

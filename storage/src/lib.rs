@@ -3,28 +3,33 @@
 //! queries down to.
 //!
 //! It is not a query engine (that is `weft-query`) and knows nothing of OTLP (that is
-//! `weft-ingest`): it stores [`model::SpanRecord`]s and hands back spans, columns and bitmaps.
+//! `weft-ingest`): it stores spans, logs and metric points and hands them back through one
+//! read path ([`scan`]); how blocks and keys are laid out (`block`, `keys`, `codec`) is private
+//! to it.
 
 pub mod background;
-pub mod block;
+pub(crate) mod block;
 mod cache;
 pub mod clock;
-pub mod codec;
+pub(crate) mod codec;
 pub mod disk;
 pub mod error;
 pub mod head;
-pub mod keys;
+pub(crate) mod keys;
 pub mod model;
 pub mod request;
 pub mod retention;
+pub mod scan;
 pub mod schema;
 pub mod seal;
-pub mod signal;
+pub(crate) mod signal;
 pub mod store;
 pub mod summary;
 pub mod terms;
 pub mod text;
 
 pub use background::{Background, TaskStats};
+pub use block::format::Compression;
 pub use error::{Result, StorageError};
+pub use keys::Signal;
 pub use store::{AppendOutcome, Store, StoreOptions, StoreStats};

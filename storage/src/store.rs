@@ -1506,7 +1506,7 @@ impl Store {
     }
 
     /// A reader of one span block.
-    pub fn block_reader<'m>(
+    pub(crate) fn block_reader<'m>(
         &'m self,
         tenant: &TenantId,
         addr: BlockAddr,
@@ -1516,7 +1516,7 @@ impl Store {
     }
 
     /// A reader of one block of any signal.
-    pub fn reader_of<'m>(
+    pub(crate) fn reader_of<'m>(
         &'m self,
         tenant: &TenantId,
         signal: Signal,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use weft_storage::keys::Signal;
+use weft_storage::Signal;
 use weft_storage::model::TenantId;
 use weft_storage::retention::{Retention, RetentionRule};
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use weft_storage::keys::Signal;
+use weft_storage::Signal;
 use weft_storage::model::TenantId;
 
 use super::{ExportOutcome, Format, Ingester, RejectReason};

@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use weft_storage::Store;
-use weft_storage::block::reader::Rows;
 use weft_storage::model::{KeyValue, TenantId, TraceId, Value};
+use weft_storage::scan::Rows;
 use weft_storage::schema::CONTENT_KEYS;
 use weft_storage::store::LogScan;
 
@@ -227,7 +227,7 @@ pub fn scan(
             start.is_none_or(|s| meta.max_start >= s) && end.is_none_or(|e| meta.min_start < e);
         if overlaps {
             let rows = store
-                .block_reader(tenant, *addr, meta)
+                .block_view(tenant, *addr, meta)
                 .spans(&Rows::All, true)?;
             rows.iter().for_each(&mut visit);
         }

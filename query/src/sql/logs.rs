@@ -21,9 +21,9 @@ use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator, TableProvide
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::scalar::ScalarValue;
 use weft_storage::Store;
-use weft_storage::block::logs::{col, dim};
-use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, LogRecord, TenantId};
+use weft_storage::scan::decode;
+use weft_storage::scan::logs::{COLUMNS, INDEXED, col};
 use weft_storage::store::{BodyTest, LogScan, Snapshot};
 
 use super::columns::{
@@ -31,47 +31,6 @@ use super::columns::{
 };
 use super::pushdown::{column_of, flip, literal, nanos, text};
 use crate::logs::TextQuery;
-
-/// The SQL columns, each with the stored column it is made from.
-const COLUMNS: &[(&str, &str)] = &[
-    ("time", col::TIME),
-    ("observed_time", col::OBSERVED_TIME),
-    ("severity_number", col::SEVERITY_NUMBER),
-    ("severity_text", col::SEVERITY_TEXT),
-    ("body", col::BODY),
-    ("trace_id", col::TRACE_ID),
-    ("span_id", col::SPAN_ID),
-    ("service_name", col::SERVICE),
-    ("event_name", col::EVENT_NAME),
-    ("class", col::CLASS),
-    ("llm.model", col::MODEL),
-    ("llm.model_version", col::MODEL_VERSION),
-    ("llm.generation_step", col::GENERATION_STEP),
-    ("gen_ai.response.finish_reasons", col::FINISH_REASONS),
-    ("gen_ai.usage.output_tokens", col::OUTPUT_TOKENS),
-    ("llm.kv_cache.hit_rate", col::KV_CACHE_HIT_RATE),
-    ("llm.prefill_ms", col::PREFILL_MS),
-    ("llm.decode_ms", col::DECODE_MS),
-    ("llm.tokens_per_s", col::TOKENS_PER_S),
-    ("worker.id", col::WORKER),
-    ("gpu.id", col::GPU),
-    ("scope_name", col::SCOPE),
-    ("flags", col::FLAGS),
-    ("attributes", col::ATTRIBUTES),
-    ("resource_attributes", col::RESOURCE),
-];
-
-/// Columns whose equality filters are answered by postings, with their dimension.
-const INDEXED: &[(&str, &str)] = &[
-    ("service_name", dim::SERVICE),
-    ("severity_text", dim::SEVERITY),
-    ("event_name", dim::EVENT_NAME),
-    ("class", dim::CLASS),
-    ("llm.model", dim::MODEL),
-    ("llm.model_version", dim::MODEL_VERSION),
-    ("worker.id", dim::WORKER),
-    ("gpu.id", dim::GPU),
-];
 
 fn schema() -> SchemaRef {
     let ty = |name: &str| match name {
@@ -402,10 +361,10 @@ fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<
             // the list's item field as the schema names it, whatever the chunk called it
             "gen_ai.response.finish_reasons" => cast(a, &list_type())?,
             "trace_id" | "span_id" => hex_column(downcast::<FixedSizeBinaryArray>(a, "log")?),
-            "scope_name" => blob_texts(downcast(a, "log")?, |r| Ok(r.scope()?.name))?,
-            "attributes" => blob_maps(downcast(a, "log")?, |r| r.attrs())?,
+            "scope_name" => blob_texts(downcast(a, "log")?, |b| Ok(decode::scope(b)?.name))?,
+            "attributes" => blob_maps(downcast(a, "log")?, decode::attributes)?,
             "resource_attributes" => {
-                blob_maps(downcast(a, "log")?, |r| Ok(r.resource()?.attributes))?
+                blob_maps(downcast(a, "log")?, |b| Ok(decode::resource(b)?.attributes))?
             }
             _ => a.clone(),
         });
@@ -422,14 +381,14 @@ fn to_sql(stored: &RecordBatch, wanted: &[usize], schema: &SchemaRef) -> Result<
 /// their resource and scope).
 fn blob_texts(
     a: &BinaryArray,
-    read: impl Fn(&mut Reader<'_>) -> weft_storage::Result<String>,
+    read: impl Fn(&[u8]) -> weft_storage::Result<String>,
 ) -> Result<ArrayRef> {
     let mut b = StringBuilder::new();
     let mut last: Option<(&[u8], String)> = None;
     for i in 0..a.len() {
         let bytes = a.value(i);
         if last.as_ref().is_none_or(|(l, _)| *l != bytes) {
-            last = Some((bytes, read(&mut Reader::new(bytes)).map_err(storage_err)?));
+            last = Some((bytes, read(bytes).map_err(storage_err)?));
         }
         b.append_value(&last.as_ref().expect("set above").1);
     }
@@ -439,14 +398,14 @@ fn blob_texts(
 /// A map (attribute key to text) decoded from each blob; a null blob is an empty map.
 fn blob_maps(
     a: &BinaryArray,
-    read: impl Fn(&mut Reader<'_>) -> weft_storage::Result<Vec<KeyValue>>,
+    read: impl Fn(&[u8]) -> weft_storage::Result<Vec<KeyValue>>,
 ) -> Result<ArrayRef> {
     let rows = (0..a.len())
         .map(|i| match a.is_valid(i) {
-            true => read(&mut Reader::new(a.value(i))),
+            true => read(a.value(i)),
             false => Ok(Vec::new()),
         })
         .collect::<weft_storage::Result<Vec<_>>>()
         .map_err(storage_err)?;
-    map_column(rows.iter().map(Vec::as_slice))
+    map_column(rows.iter().map(Vec::as_slice)).map_err(storage_err)
 }

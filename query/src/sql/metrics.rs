@@ -27,9 +27,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::scalar::ScalarValue;
 use roaring::RoaringBitmap;
 use weft_storage::Store;
-use weft_storage::block::metrics::col;
-use weft_storage::codec::Reader;
 use weft_storage::model::{KeyValue, MetricPoint, PointValue, Series, TenantId, Value};
+use weft_storage::scan::decode;
+use weft_storage::scan::metrics::{col, sources};
 use weft_storage::store::{MetricScan, SeriesCatalog, Snapshot};
 
 use super::columns::{downcast, map_column, map_type, storage_err, timestamp_type};
@@ -293,24 +293,6 @@ fn restrict(scan: &mut MetricScan, set: RoaringBitmap) {
     });
 }
 
-/// The stored columns a table column is made from.
-fn sources(name: &str, kind: Kind) -> &'static [&'static str] {
-    match (name, kind) {
-        ("start_time", _) => &[col::START_TIME],
-        ("value", _) => &[col::VALUE],
-        ("count", _) => &[col::COUNT],
-        ("sum", _) => &[col::SUM],
-        ("min", _) => &[col::MIN],
-        ("max", _) => &[col::MAX],
-        ("bucket_bounds", _) => &[col::BOUNDS, col::DETAIL],
-        ("bucket_counts", _) => &[col::COUNTS, col::DETAIL],
-        ("quantiles" | "quantile_values", _) => &[col::DETAIL],
-        ("flags", _) => &[col::FLAGS],
-        ("exemplar_trace_id" | "exemplar_span_id" | "exemplar_value", _) => &[col::EXEMPLARS],
-        _ => &[],
-    }
-}
-
 #[async_trait]
 impl TableProvider for MetricsTable {
     fn schema(&self) -> SchemaRef {
@@ -346,8 +328,8 @@ impl TableProvider for MetricsTable {
         let (mut scan, _) = self.scan_of(&filters.iter().collect::<Vec<_>>());
         let mut stored = BTreeSet::new();
         for i in &wanted {
-            let (name, kind) = &self.columns[*i];
-            stored.extend(sources(name, *kind).iter().copied());
+            let (name, _) = &self.columns[*i];
+            stored.extend(sources(name).iter().copied());
         }
         scan.columns = stored.into_iter().collect();
         let (store, tenant, snapshot) = (
@@ -410,7 +392,7 @@ impl MetricsTable {
             (0..n)
                 .map(|i| {
                     a.is_valid(i)
-                        .then(|| Reader::new(a.value(i)).point_value())
+                        .then(|| decode::point_value(a.value(i)))
                         .transpose()
                         .map_err(storage_err)
                 })
@@ -421,8 +403,7 @@ impl MetricsTable {
             (0..n)
                 .map(|i| {
                     Ok(match a.is_valid(i) {
-                        true => Reader::new(a.value(i))
-                            .exemplars()
+                        true => decode::exemplars(a.value(i))
                             .map_err(storage_err)?
                             .into_iter()
                             .next(),
@@ -559,7 +540,7 @@ impl MetricsTable {
                                 .collect(),
                         ));
                     }
-                    map_column(lists.iter().map(|l| l.as_slice()))?
+                    map_column(lists.iter().map(|l| l.as_slice())).map_err(storage_err)?
                 }
                 (other, _) => {
                     return Err(DataFusionError::Internal(format!(

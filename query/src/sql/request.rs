@@ -12,30 +12,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::DataType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use roaring::RoaringBitmap;
 use weft_storage::Store;
-use weft_storage::block::BlockMeta;
-use weft_storage::block::reader::{Positions, Rows};
-use weft_storage::keys::BlockAddr;
 use weft_storage::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::{OPEN_DIM, request_dims, resolve};
+use weft_storage::scan::{BlockAddr, BlockMeta, Positions, Rows};
 use weft_storage::store::Snapshot;
 use weft_storage::store::TraceRequests;
 
-use super::columns::{typed_values, values_column};
-
-fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
-}
+use super::columns::{storage_err, typed_values, values_column};
 
 /// The slot of dedicated column `i` among the request dimensions.
-pub fn slot(i: usize) -> usize {
-    request_dims()
-        .iter()
-        .position(|&d| d == i)
-        .expect("a request dimension")
-}
+pub use weft_storage::scan::spans::request_slot as slot;
 
 /// What one query knows of its snapshot's head for the request columns, computed once when a
 /// query first uses them.
@@ -271,7 +260,7 @@ fn find_late_rows(
     if open.is_empty() || (snapshot.splits.is_empty() && head.traces.is_empty()) {
         return Ok(RoaringBitmap::new());
     }
-    let reader = store.block_reader(tenant, addr, meta);
+    let reader = store.block_view(tenant, addr, meta);
     let Some(runs) = reader.trace_runs().map_err(err)? else {
         return Ok(open.clone());
     };
@@ -304,7 +293,7 @@ pub fn fix_block(
     if late.is_empty() {
         return Ok(());
     }
-    let reader = store.block_reader(tenant, addr, meta);
+    let reader = store.block_view(tenant, addr, meta);
     let picked = Rows::Set(late.clone());
     let spans = reader.span_ids(&picked).map_err(storage_err)?;
     let traces = reader.trace_ids(&picked).map_err(storage_err)?;

@@ -561,27 +561,48 @@ enum Key {
     Expr(Arc<dyn PhysicalExpr>),
     /// `dividend / divisor` over int64 with a literal divisor other than 0 and -1 (so no row
     /// can fail or overflow), as time buckets are written (`CAST(date_bin(…) AS BIGINT) /
-    /// 1000`): the quotient is computed once per run of equal dividends, not per row.
+    /// 1000`), optionally times a literal (`CAST(start_time AS BIGINT) / 60000000000 *
+    /// 60000000`): the key is computed once per run of equal dividends, not per row.
     DivideBy {
         whole: Arc<dyn PhysicalExpr>,
         dividend: Arc<dyn PhysicalExpr>,
         divisor: i64,
+        multiplier: Option<i64>,
     },
 }
 
 impl Key {
     fn of(expr: &Arc<dyn PhysicalExpr>) -> Self {
+        fn int_literal(e: &Arc<dyn PhysicalExpr>) -> Option<i64> {
+            match e.downcast_ref::<Literal>()?.value() {
+                ScalarValue::Int64(Some(v)) => Some(*v),
+                _ => None,
+            }
+        }
+        fn division(e: &Arc<dyn PhysicalExpr>) -> Option<(Arc<dyn PhysicalExpr>, i64)> {
+            let binary = e.downcast_ref::<BinaryExpr>()?;
+            let divisor = int_literal(binary.right())?;
+            (*binary.op() == Operator::Divide && divisor != 0 && divisor != -1)
+                .then(|| (binary.left().clone(), divisor))
+        }
+        if let Some((dividend, divisor)) = division(expr) {
+            return Self::DivideBy {
+                whole: expr.clone(),
+                dividend,
+                divisor,
+                multiplier: None,
+            };
+        }
         if let Some(binary) = expr.downcast_ref::<BinaryExpr>()
-            && *binary.op() == Operator::Divide
-            && let Some(literal) = binary.right().downcast_ref::<Literal>()
-            && let ScalarValue::Int64(Some(divisor)) = literal.value()
-            && *divisor != 0
-            && *divisor != -1
+            && *binary.op() == Operator::Multiply
+            && let Some(multiplier) = int_literal(binary.right())
+            && let Some((dividend, divisor)) = division(binary.left())
         {
             return Self::DivideBy {
                 whole: expr.clone(),
-                dividend: binary.left().clone(),
-                divisor: *divisor,
+                dividend,
+                divisor,
+                multiplier: Some(multiplier),
             };
         }
         Self::Expr(expr.clone())
@@ -594,25 +615,38 @@ impl Key {
                 whole,
                 dividend,
                 divisor,
+                multiplier,
             } => {
                 let dividend = dividend.evaluate(batch)?.into_array(batch.num_rows())?;
                 let Some(values) = dividend.as_primitive_opt::<Int64Type>() else {
-                    // not int64 after all: DataFusion's own division
+                    // not int64 after all: DataFusion's own arithmetic
                     return whole.evaluate(batch)?.into_array(batch.num_rows());
                 };
-                let (mut last, mut quotient) = (0i64, 0i64);
-                let quotients: Vec<i64> = values
-                    .values()
-                    .iter()
-                    .map(|&v| {
-                        if v != last {
-                            (last, quotient) = (v, v / divisor);
-                        }
-                        quotient
-                    })
-                    .collect();
+                let key = |v: i64| match multiplier {
+                    None => Some(v / divisor),
+                    Some(m) => (v / divisor).checked_mul(*m),
+                };
+                let mut last: Option<(i64, i64)> = None;
+                let mut keys = Vec::with_capacity(values.len());
+                for (i, &v) in values.values().iter().enumerate() {
+                    match last {
+                        Some((l, k)) if l == v => keys.push(k),
+                        _ => match key(v) {
+                            Some(k) => {
+                                last = Some((v, k));
+                                keys.push(k);
+                            }
+                            // an overflowing product (unless the row is null): DataFusion's
+                            // own arithmetic answers for the batch, as without this path
+                            None if values.is_valid(i) => {
+                                return whole.evaluate(batch)?.into_array(batch.num_rows());
+                            }
+                            None => keys.push(0),
+                        },
+                    }
+                }
                 Ok(Arc::new(Int64Array::new(
-                    quotients.into(),
+                    keys.into(),
                     values.nulls().cloned(),
                 )))
             }
@@ -770,6 +804,10 @@ mod tests {
             // stay null, and -1 (which can overflow) is left to DataFusion's division
             "SELECT (i - 30000) / 7, b / 2, count(*) FROM t GROUP BY 1, 2",
             "SELECT (i / 100 - 300) / -3, i / -1 % 2, count(*) FROM t GROUP BY 1, 2",
+            // a quotient times a literal (minutes written by integer division of the epoch),
+            // and a product that overflows (DataFusion's own arithmetic answers)
+            "SELECT (i - 30000) / 7 * 5, b / 2 * -3, count(*) FROM t GROUP BY 1, 2",
+            "SELECT i / 3 * 4611686018427387904, count(*) FROM t GROUP BY 1",
         ];
         for q in queries {
             let (plain, before) = run(q, false, &[], usize::MAX).await;

@@ -44,8 +44,8 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 use roaring::RoaringBitmap;
-use weft_storage::block::reader::Rows;
-use weft_storage::keys::BlockAddr;
+use weft_storage::scan::BlockAddr;
+use weft_storage::scan::Rows;
 
 use super::pushdown::{BlockWork, ScanPlan};
 

@@ -14,19 +14,16 @@ use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::datasource::TableType;
 use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use weft_storage::Store;
-use weft_storage::block::reader::Rows;
-use weft_storage::block::writer::col;
 use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
+use weft_storage::scan::Rows;
 use weft_storage::store::Snapshot;
 use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
-use super::columns::{
-    SpanCol, SpanColumns, list_type, map_type, read_block, read_rows, timestamp_type,
-};
+use super::columns::{SpanCol, SpanColumns, list_type, map_type, storage_err, timestamp_type};
 use super::pushdown::{BlockWork, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
 use super::scan::{ScanSource, TraceRows, WeftScanExec};
@@ -57,10 +54,6 @@ impl fmt::Debug for TableContext {
             .field("pushdown", &self.pushdown)
             .finish()
     }
-}
-
-fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
 }
 
 /// The fixed `spans` columns (no dynamic ones): enough to analyse filters on the columns the
@@ -146,7 +139,7 @@ impl SpansTable {
     /// the source that reads them.
     fn source(&self, pushdown: Pushdown) -> Result<(Arc<dyn ScanSource>, ScanPlan)> {
         let ctx = &self.ctx;
-        let late = |addr, meta: &weft_storage::block::BlockMeta, dims: &[&'static str]| {
+        let late = |addr, meta: &weft_storage::scan::BlockMeta, dims: &[&'static str]| {
             let head = ctx.head_requests()?;
             request::late_rows(
                 &ctx.store,
@@ -193,12 +186,14 @@ impl ScanSource for SpansSource {
         self.columns.schema.clone()
     }
     fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)> {
-        let reader = self
+        let view = self
             .ctx
             .store
-            .block_reader(&self.ctx.tenant, work.addr, &work.meta);
+            .block_view(&self.ctx.tenant, work.addr, &work.meta);
         let n = work.rows.len(work.meta.rows);
-        let mut arrays = read_block(&reader, &work.rows, &self.columns, projection)?;
+        let mut arrays = view
+            .columns(&work.rows, &self.columns, projection)
+            .map_err(storage_err)?;
         let mut requests: Vec<(usize, &mut ArrayRef)> = projection
             .iter()
             .zip(arrays.iter_mut())
@@ -235,9 +230,17 @@ impl ScanSource for SpansSource {
             true => Some(self.ctx.head_requests()?),
             false => None,
         };
+        let of_request =
+            |r: &SpanRecord| requests.as_deref().and_then(|h| h.of(r)).map(Vec::as_slice);
         Ok(vec![(
             rows.len(),
-            read_rows(&rows, &self.columns, projection, requests.as_deref())?,
+            weft_storage::scan::spans::read_rows(
+                &rows,
+                &self.columns,
+                projection,
+                requests.is_some().then_some(&of_request),
+            )
+            .map_err(storage_err)?,
         )])
     }
     fn head_rows(&self) -> usize {
@@ -511,7 +514,7 @@ impl ScanSource for NestedSource {
         let r = self
             .ctx
             .store
-            .block_reader(&self.ctx.tenant, work.addr, &work.meta);
+            .block_view(&self.ctx.tenant, work.addr, &work.meta);
         let (events, links) = match self.kind {
             Nested::Events => (r.events(&work.rows).map_err(storage_err)?, Vec::new()),
             Nested::Links => (Vec::new(), r.links(&work.rows).map_err(storage_err)?),
@@ -522,13 +525,8 @@ impl ScanSource for NestedSource {
         }
         let traces = r.trace_ids(&work.rows).map_err(storage_err)?;
         let spans = r.span_ids(&work.rows).map_err(storage_err)?;
-        let get = |name| {
-            r.column(name, &work.rows)
-                .map_err(storage_err)?
-                .ok_or_else(|| DataFusionError::Internal(format!("block lacks {name}")))
-        };
-        let services = arrow::compute::cast(&get(col::SERVICE)?, &DataType::Utf8)?;
-        let names = arrow::compute::cast(&get(col::NAME)?, &DataType::Utf8)?;
+        let services = r.services(&work.rows).map_err(storage_err)?;
+        let names = r.names(&work.rows).map_err(storage_err)?;
         let (services, names) = (services.as_string::<i32>(), names.as_string::<i32>());
         let sides = (0..traces.len())
             .map(|i| SpanSide {
@@ -691,12 +689,8 @@ impl TracesTable {
                 .block_traces(&ctx.tenant, work.addr)
                 .map_err(storage_err)?;
             let services = if want_services {
-                let r = ctx.store.block_reader(&ctx.tenant, work.addr, &work.meta);
-                let a = r
-                    .column(col::SERVICE, &Rows::All)
-                    .map_err(storage_err)?
-                    .ok_or_else(|| DataFusionError::Internal("block lacks service_name".into()))?;
-                Some(arrow::compute::cast(&a, &DataType::Utf8)?)
+                let r = ctx.store.block_view(&ctx.tenant, work.addr, &work.meta);
+                Some(r.services(&Rows::All).map_err(storage_err)?)
             } else {
                 None
             };
@@ -714,7 +708,7 @@ impl TracesTable {
                 }
                 if let Some(cutoff) = cutoff.filter(|c| e.min_start < c.0) {
                     // some of its spans are out of retention: count the ones still kept
-                    let r = ctx.store.block_reader(&ctx.tenant, work.addr, &work.meta);
+                    let r = ctx.store.block_view(&ctx.tenant, work.addr, &work.meta);
                     let kept = r
                         .spans(&Rows::Range(e.row_start, e.rows), false)
                         .map_err(storage_err)?;

@@ -311,6 +311,7 @@ pub enum Compression {
 }
 
 /// Encodes one Arrow array as a single-column Parquet chunk, zstd-compressed where it pays.
+#[cfg(test)]
 pub fn encode_chunk(array: &ArrayRef, enc: Enc) -> Result<Vec<u8>> {
     encode_chunk_with(array, enc, Compression::Zstd)
 }
@@ -432,6 +433,7 @@ pub fn as_string_views(metadata: &ArrowReaderMetadata) -> Result<ArrowReaderMeta
 }
 
 /// Decodes a column chunk, optionally only the selected rows (only their pages are read).
+#[cfg(test)]
 pub fn decode_chunk(bytes: Bytes, selection: Option<RowSelection>) -> Result<ArrayRef> {
     Ok(decode_chunk_with(bytes, selection, None)?.0)
 }

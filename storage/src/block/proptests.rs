@@ -10,9 +10,10 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use roaring::RoaringBitmap;
 
+use super::BlockReader;
 use super::format::decode_postings;
 use super::reader::{ChunkSource, Postings, Rows, TraceRuns};
-use super::{BlockReader, build_block};
+use super::writer::build_block;
 use crate::codec::{decode_spans, encode_spans};
 use crate::error::Result;
 use crate::model::*;

@@ -263,6 +263,7 @@ impl Postings {
 }
 
 /// Sorts `rows` by (trace, start, span) and builds the block, compressed where it pays.
+#[cfg(test)]
 pub fn build_block(rows: Vec<&SpanRecord>) -> Result<BuiltBlock> {
     build_block_with(rows, Compression::Zstd)
 }
