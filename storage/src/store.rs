@@ -1623,16 +1623,17 @@ impl Store {
         Ok(decoded)
     }
 
-    /// Rows of a block (of `rows` rows) that hold, for every dimension of `filter`, one of its
-    /// terms: its postings, intersected smallest first. Kept per block and filter, as a
-    /// repeated query (a dashboard's refresh) asks the same of the same immutable blocks; a
-    /// new block is looked up once. The query-condition cache of other column stores, on
-    /// postings instead of granules.
+    /// Rows of a block that hold, for every dimension of `filter`, one of its terms: its
+    /// postings, intersected smallest first. Kept per block and filter, as a repeated query (a
+    /// dashboard's refresh) asks the same of the same immutable blocks; a new block is looked
+    /// up once. The query-condition cache of other column stores, on postings instead of
+    /// granules. Exact for every block: one written before a dimension every row has was
+    /// indexed (`span.kind`) answers from that column instead.
     pub fn rows_matching(
         &self,
         tenant: &TenantId,
         addr: BlockAddr,
-        rows: u32,
+        meta: &BlockMeta,
         filter: &TermFilter,
     ) -> Result<Arc<RoaringBitmap>> {
         let mut key = keys::postings(tenant, SPANS, addr, "");
@@ -1640,26 +1641,78 @@ impl Store {
         if let Some(found) = self.matches.get(&key) {
             return Ok(found);
         }
-        let postings = filter
-            .dims()
-            .iter()
-            .map(|(dim, _)| self.dimension_shared(tenant, addr, dim))
-            .collect::<Result<Vec<_>>>()?;
+        let mut postings = Vec::with_capacity(filter.dims().len());
+        for (dim, _) in filter.dims() {
+            let mut p = self.dimension_shared(tenant, addr, dim)?;
+            if p.is_empty() && crate::schema::UNIVERSAL_DIMS.contains(&dim.as_str()) {
+                p = Arc::new(self.postings_from_column(tenant, addr, meta, dim)?);
+            }
+            postings.push(p);
+        }
         let sets = filter
             .dims()
             .iter()
             .zip(&postings)
-            // a block written before a dimension every row has was indexed: no constraint
-            // (the filter is checked again on the rows read)
-            .filter(|((dim, _), postings)| {
-                !(postings.is_empty() && crate::schema::UNIVERSAL_DIMS.contains(&dim.as_str()))
-            })
             .map(|((_, terms), postings)| terms::rows_with_any(postings, terms))
             .collect();
-        let found = Arc::new(terms::intersect(sets, rows));
+        let found = Arc::new(terms::intersect(sets, meta.rows));
         let weight = key.len() + found.serialized_size() + 64;
         self.matches.insert(key, weight, found.clone());
         Ok(found)
+    }
+
+    /// The postings of a dimension every row has, built from its column: for blocks written
+    /// before the dimension was indexed.
+    fn postings_from_column(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        dim: &str,
+    ) -> Result<Vec<(String, RoaringBitmap)>> {
+        use crate::block::writer::col;
+        use crate::model::{SpanKind, StatusCode};
+        let reader = self.block_reader(tenant, addr, meta);
+        let mut by_term: BTreeMap<String, RoaringBitmap> = BTreeMap::new();
+        let mut add = |row: usize, term: &str| {
+            if let Some(rows) = by_term.get_mut(term) {
+                rows.insert(row as u32);
+            } else {
+                by_term.insert(term.to_owned(), RoaringBitmap::from_iter([row as u32]));
+            }
+        };
+        match dim {
+            crate::schema::DIM_KIND | crate::schema::DIM_STATUS => {
+                let kind = dim == crate::schema::DIM_KIND;
+                let column = if kind { col::KIND } else { col::STATUS_CODE };
+                for (row, code) in reader.ints(column, &Rows::All)?.into_iter().enumerate() {
+                    add(
+                        row,
+                        match kind {
+                            true => SpanKind::from_u8(code as u8).as_str(),
+                            false => StatusCode::from_u8(code as u8).as_str(),
+                        },
+                    );
+                }
+            }
+            _ => {
+                let column = if dim == crate::schema::DIM_SERVICE {
+                    col::SERVICE
+                } else {
+                    col::NAME
+                };
+                let values = reader
+                    .column(column, &Rows::All)?
+                    .ok_or_else(|| StorageError::corrupt("span block", format!("no {column}")))?;
+                let values = arrow::compute::cast(&values, &arrow::datatypes::DataType::Utf8)?;
+                use arrow::array::{Array, AsArray};
+                let values = values.as_string::<i32>();
+                for row in 0..values.len() {
+                    add(row, values.value(row));
+                }
+            }
+        }
+        Ok(by_term.into_iter().collect())
     }
 
     /// Compacts every column family (after a bulk load, before measuring size).

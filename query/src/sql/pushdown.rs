@@ -157,7 +157,7 @@ impl Pushdown {
     }
 
     /// Whether the scan answers a filter exactly, so DataFusion need not re-check it (nor read
-    /// its column): `=` / `IN` on service name, span name, status code and the indexed dedicated
+    /// its column): `=` / `IN` on service name, span name, status code, kind and the indexed dedicated
     /// columns of text or integer type, whose postings hold exactly the rows whose column has
     /// each value, in blocks and head alike (see [`Self::row_matches`]). A dedicated value of
     /// another type is neither in the column nor in the postings. Trace ids too: the trace-id
@@ -183,9 +183,11 @@ impl Pushdown {
         let exact_col = |c: &str| {
             let c = &columns.cols[columns.index_of(c)?];
             let exact = match c {
-                SpanCol::ServiceName | SpanCol::Name | SpanCol::StatusCode | SpanCol::TraceId => {
-                    true
-                }
+                SpanCol::ServiceName
+                | SpanCol::Name
+                | SpanCol::StatusCode
+                | SpanCol::Kind
+                | SpanCol::TraceId => true,
                 SpanCol::Dedicated(i) => {
                     let d = &DEDICATED[*i];
                     d.indexed && matches!(d.ty, ColumnType::Str | ColumnType::Int)
@@ -546,13 +548,13 @@ impl ScanPlan {
                 && !selected.as_ref().is_some_and(RoaringBitmap::is_empty)
             {
                 let mut matching = store
-                    .rows_matching(tenant, *addr, meta.rows, filter)
+                    .rows_matching(tenant, *addr, meta, filter)
                     .map_err(err)?;
                 if let (Some(late), Some(others)) = (late, &others) {
                     let late = late(*addr, meta, &request_dims)?;
                     if !late.is_empty() {
                         let others = store
-                            .rows_matching(tenant, *addr, meta.rows, others)
+                            .rows_matching(tenant, *addr, meta, others)
                             .map_err(err)?;
                         matching = Arc::new(matching.as_ref() | &(late & others.as_ref()));
                     }
