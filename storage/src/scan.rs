@@ -5,7 +5,7 @@
 //! it wants as Arrow arrays: span blocks through a [`BlockView`], whose columns
 //! ([`spans::read_block`]) are the ones head rows are built into ([`spans::read_rows`]); log and
 //! metric blocks through the store's `scan_logs` / `scan_metrics`, whose columns are named by
-//! [`logs::COLUMNS`] and [`metrics::COLUMNS`]. How a block is laid out (chunk keys, column
+//! [`logs::COLUMNS`] and [`metrics::sources`]. How a block is laid out (chunk keys, column
 //! names, encodings, the record codec) stays inside this crate: a reader never sees it.
 
 pub mod arrays;
@@ -50,10 +50,6 @@ impl Store {
 }
 
 impl BlockView<'_> {
-    pub fn meta(&self) -> &BlockMeta {
-        self.reader.meta
-    }
-
     /// Columns of the `spans` table (`projection` indexes `columns`) for some rows.
     pub fn columns(
         &self,

@@ -173,9 +173,6 @@ pub const DIM_NAME: &str = "span.name";
 pub const DIM_STATUS: &str = "status.code";
 pub const DIM_KIND: &str = "span.kind";
 
-/// Dimensions every row has a term of: a block without their postings was written before the
-/// dimension was indexed, and says nothing about it (blocks before `span.kind`).
-pub const UNIVERSAL_DIMS: &[&str] = &[DIM_SERVICE, DIM_NAME, DIM_STATUS, DIM_KIND];
 /// Prefix of a trace-level (inherited) posting: rows of every trace having that value.
 pub const TRACE_DIM_PREFIX: &str = "trace:";
 

@@ -1627,8 +1627,8 @@ impl Store {
     /// postings, intersected smallest first. Kept per block and filter, as a repeated query (a
     /// dashboard's refresh) asks the same of the same immutable blocks; a new block is looked
     /// up once. The query-condition cache of other column stores, on postings instead of
-    /// granules. Exact for every block: one written before a dimension every row has was
-    /// indexed (`span.kind`) answers from that column instead.
+    /// granules. Exact for every block: one written before span kind was indexed answers kind
+    /// from its column.
     pub fn rows_matching(
         &self,
         tenant: &TenantId,
@@ -1644,8 +1644,8 @@ impl Store {
         let mut postings = Vec::with_capacity(filter.dims().len());
         for (dim, _) in filter.dims() {
             let mut p = self.dimension_shared(tenant, addr, dim)?;
-            if p.is_empty() && crate::schema::UNIVERSAL_DIMS.contains(&dim.as_str()) {
-                p = Arc::new(self.postings_from_column(tenant, addr, meta, dim)?);
+            if p.is_empty() && dim == crate::schema::DIM_KIND {
+                p = Arc::new(self.kind_postings(tenant, addr, meta)?);
             }
             postings.push(p);
         }
@@ -1661,58 +1661,26 @@ impl Store {
         Ok(found)
     }
 
-    /// The postings of a dimension every row has, built from its column: for blocks written
-    /// before the dimension was indexed.
-    fn postings_from_column(
+    /// The span-kind postings of a block written before span kind was indexed, built from
+    /// its kind column.
+    fn kind_postings(
         &self,
         tenant: &TenantId,
         addr: BlockAddr,
         meta: &BlockMeta,
-        dim: &str,
     ) -> Result<Vec<(String, RoaringBitmap)>> {
-        use crate::block::writer::col;
-        use crate::model::{SpanKind, StatusCode};
-        let reader = self.block_reader(tenant, addr, meta);
-        let mut by_term: BTreeMap<String, RoaringBitmap> = BTreeMap::new();
-        let mut add = |row: usize, term: &str| {
-            if let Some(rows) = by_term.get_mut(term) {
-                rows.insert(row as u32);
-            } else {
-                by_term.insert(term.to_owned(), RoaringBitmap::from_iter([row as u32]));
-            }
-        };
-        match dim {
-            crate::schema::DIM_KIND | crate::schema::DIM_STATUS => {
-                let kind = dim == crate::schema::DIM_KIND;
-                let column = if kind { col::KIND } else { col::STATUS_CODE };
-                for (row, code) in reader.ints(column, &Rows::All)?.into_iter().enumerate() {
-                    add(
-                        row,
-                        match kind {
-                            true => SpanKind::from_u8(code as u8).as_str(),
-                            false => StatusCode::from_u8(code as u8).as_str(),
-                        },
-                    );
-                }
-            }
-            _ => {
-                let column = if dim == crate::schema::DIM_SERVICE {
-                    col::SERVICE
-                } else {
-                    col::NAME
-                };
-                let values = reader
-                    .column(column, &Rows::All)?
-                    .ok_or_else(|| StorageError::corrupt("span block", format!("no {column}")))?;
-                let values = arrow::compute::cast(&values, &arrow::datatypes::DataType::Utf8)?;
-                use arrow::array::{Array, AsArray};
-                let values = values.as_string::<i32>();
-                for row in 0..values.len() {
-                    add(row, values.value(row));
-                }
-            }
+        let codes = self
+            .block_reader(tenant, addr, meta)
+            .ints(crate::block::writer::col::KIND, &Rows::All)?;
+        let mut by_kind: BTreeMap<&'static str, RoaringBitmap> = BTreeMap::new();
+        for (row, code) in codes.into_iter().enumerate() {
+            let kind = crate::model::SpanKind::from_u8(code as u8).as_str();
+            by_kind.entry(kind).or_default().insert(row as u32);
         }
-        Ok(by_term.into_iter().collect())
+        Ok(by_kind
+            .into_iter()
+            .map(|(k, rows)| (k.to_owned(), rows))
+            .collect())
     }
 
     /// Compacts every column family (after a bulk load, before measuring size).

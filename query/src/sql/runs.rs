@@ -628,22 +628,16 @@ impl Key {
                 };
                 let mut last: Option<(i64, i64)> = None;
                 let mut keys = Vec::with_capacity(values.len());
-                for (i, &v) in values.values().iter().enumerate() {
-                    match last {
-                        Some((l, k)) if l == v => keys.push(k),
-                        _ => match key(v) {
-                            Some(k) => {
-                                last = Some((v, k));
-                                keys.push(k);
-                            }
-                            // an overflowing product (unless the row is null): DataFusion's
-                            // own arithmetic answers for the batch, as without this path
-                            None if values.is_valid(i) => {
-                                return whole.evaluate(batch)?.into_array(batch.num_rows());
-                            }
-                            None => keys.push(0),
-                        },
+                for &v in values.values() {
+                    if last.is_none_or(|(l, _)| l != v) {
+                        // an overflowing product: DataFusion's own arithmetic answers for the
+                        // batch, as without this path
+                        let Some(k) = key(v) else {
+                            return whole.evaluate(batch)?.into_array(batch.num_rows());
+                        };
+                        last = Some((v, k));
                     }
+                    keys.push(last.expect("set above").1);
                 }
                 Ok(Arc::new(Int64Array::new(
                     keys.into(),
