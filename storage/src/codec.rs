@@ -167,6 +167,12 @@ impl<'a> Reader<'a> {
     pub fn is_empty(&self) -> bool {
         self.pos >= self.buf.len()
     }
+    /// Everything not read yet.
+    pub fn rest(&mut self) -> &'a [u8] {
+        let rest = self.buf.get(self.pos..).unwrap_or_default();
+        self.pos = self.buf.len();
+        rest
+    }
     pub fn u8(&mut self) -> Result<u8> {
         let b = *self.buf.get(self.pos).ok_or_else(short)?;
         self.pos += 1;

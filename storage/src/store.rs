@@ -1305,11 +1305,12 @@ impl Store {
         batch.put_cf(
             data,
             keys::block_key(tenant, signal, keys::TRACES, addr),
-            seal(encode_traces(&built.traces)),
+            seal(encode_traces(&built.traces, self.opts.compression)),
         );
         for entry in &built.traces {
             let key = keys::trace_id(tenant, signal, &entry.trace_id, addr);
-            batch.put_cf(data, key, seal(encode_traces(std::slice::from_ref(entry))));
+            let summary = encode_traces(std::slice::from_ref(entry), self.opts.compression);
+            batch.put_cf(data, key, seal(summary));
         }
         batch.put_cf(
             self.cf(CF_META),
@@ -1585,7 +1586,7 @@ impl Store {
     }
 
     /// [`Self::dimension`], decoded once and kept (postings of immutable blocks never change;
-    /// the cache holds at most [`POSTINGS_CACHE_BYTES`] of encoded postings).
+    /// the cache holds at most [`POSTINGS_CACHE_BYTES`] of decoded postings, as serialised).
     pub fn dimension_shared(
         &self,
         tenant: &TenantId,
@@ -1613,10 +1614,15 @@ impl Store {
             .get_pinned_cf(self.cf(CF_DATA), &key)
             .map_err(|e| read_error(e, damaged))?
         {
-            Some(v) => (
-                v.len(),
-                Arc::new(decode_postings(unseal(&v).map_err(damaged)?)?),
-            ),
+            Some(v) => {
+                let terms = decode_postings(unseal(&v).map_err(damaged)?)?;
+                // what the decoded bitmaps hold, not the stored value (compressed)
+                let held = terms
+                    .iter()
+                    .map(|(term, rows)| term.len() + rows.serialized_size())
+                    .sum();
+                (held, Arc::new(terms))
+            }
             None => (0, Arc::new(Vec::new())),
         };
         self.postings.insert(key, bytes, decoded.clone());

@@ -14,13 +14,20 @@
 //! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
 //!  ncols:varint (name:str type:u8 kind:u8 transform:u8 bytes:varint)*`.
 //!
-//! **Trace summaries** (key `traces`): `version:u8=2 n:varint` then per trace
+//! **Trace summaries** (key `traces`, and one entry under each `trace-id` key):
+//! `version:u8=2 n:varint` then per trace
 //! `trace:16 row_start:varint rows:varint min_start:varint max_end:varint errors:varint
 //!  has_root:u8 [root_service:str root_name:str root_start:varint root_span_id:8]` (the root is
-//!  the trace's earliest root span in the block, ties by span id).
+//!  the trace's earliest root span in the block, ties by span id); or `version:u8=3
+//!  len:varint zstd-frame`, the same after the version byte, compressed.
 //!
 //! **Postings** (key `postings`, one per dimension): `version:u8=1 n:varint` then per term
-//! `term:str bitmap:bytes` where bitmap is a portable roaring serialisation of row numbers.
+//! `term:str bitmap:bytes` where bitmap is a portable roaring serialisation of row numbers; or
+//! `version:u8=2 len:varint zstd-frame`, the same after the version byte, compressed.
+//!
+//! Both are compressed where zstd saves at least a tenth: postings of low-cardinality
+//! dimensions (kind, status, name) over rows ordered by trace are many small containers
+//! that repeat from trace to trace, several times the size of the column they index.
 
 use std::sync::Arc;
 
@@ -45,8 +52,15 @@ use crate::schema::ColumnType;
 use crate::summary::TraceRoot;
 
 pub const META_VERSION: u8 = 1;
+/// Trace summaries as they are ([`TRACES_PACKED`]: compressed).
 pub const TRACES_VERSION: u8 = 2;
+pub const TRACES_PACKED: u8 = 3;
+/// Postings as they are ([`POSTINGS_PACKED`]: compressed).
 pub const POSTINGS_VERSION: u8 = 1;
+pub const POSTINGS_PACKED: u8 = 2;
+/// The largest body a compressed value may claim (a block's postings of one dimension are a
+/// few MiB at most).
+const MAX_PACKED_BODY: u64 = 1 << 30;
 /// Rows per Parquet page: the unit a point read decodes.
 pub const PAGE_ROWS: usize = 4096;
 const ZSTD_LEVEL: i32 = 3;
@@ -220,9 +234,8 @@ pub struct TraceEntry {
     pub root: Option<TraceRoot>,
 }
 
-pub fn encode_traces(entries: &[TraceEntry]) -> Vec<u8> {
+pub fn encode_traces(entries: &[TraceEntry], compression: Compression) -> Vec<u8> {
     let mut w = Writer::default();
-    w.buf.push(TRACES_VERSION);
     w.u64(entries.len() as u64);
     for e in entries {
         w.raw(&e.trace_id.0);
@@ -242,12 +255,12 @@ pub fn encode_traces(entries: &[TraceEntry]) -> Vec<u8> {
             None => w.buf.push(0),
         }
     }
-    w.buf
+    pack(TRACES_VERSION, TRACES_PACKED, w.buf, compression)
 }
 
 pub fn decode_traces(buf: &[u8]) -> Result<Vec<TraceEntry>> {
-    let mut r = Reader::new(buf);
-    check_version(&mut r, "trace summaries", TRACES_VERSION)?;
+    let body = unpack(buf, "trace summaries", TRACES_VERSION, TRACES_PACKED)?;
+    let mut r = Reader::new(&body);
     let n = r.u64()? as usize;
     let mut out = Vec::with_capacity(n.min(1 << 20));
     for _ in 0..n {
@@ -273,9 +286,11 @@ pub fn decode_traces(buf: &[u8]) -> Result<Vec<TraceEntry>> {
     Ok(out)
 }
 
-pub fn encode_postings(terms: &[(String, RoaringBitmap)]) -> Result<Vec<u8>> {
+pub fn encode_postings(
+    terms: &[(String, RoaringBitmap)],
+    compression: Compression,
+) -> Result<Vec<u8>> {
     let mut w = Writer::default();
-    w.buf.push(POSTINGS_VERSION);
     w.u64(terms.len() as u64);
     let mut bitmap = Vec::new();
     for (term, rows) in terms {
@@ -284,12 +299,12 @@ pub fn encode_postings(terms: &[(String, RoaringBitmap)]) -> Result<Vec<u8>> {
         rows.serialize_into(&mut bitmap)?;
         w.bytes(&bitmap);
     }
-    Ok(w.buf)
+    Ok(pack(POSTINGS_VERSION, POSTINGS_PACKED, w.buf, compression))
 }
 
 pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
-    let mut r = Reader::new(buf);
-    check_version(&mut r, "postings", POSTINGS_VERSION)?;
+    let body = unpack(buf, "postings", POSTINGS_VERSION, POSTINGS_PACKED)?;
+    let mut r = Reader::new(&body);
     let n = r.u64()? as usize;
     let mut out = Vec::with_capacity(n.min(1 << 20));
     for _ in 0..n {
@@ -298,6 +313,63 @@ pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
         out.push((term, rows));
     }
     Ok(out)
+}
+
+/// `body` behind its version byte: `packed` and the body zstd-compressed where that saves at
+/// least a tenth (and `compression` allows), else `raw` and the body as it is.
+fn pack(raw: u8, packed: u8, body: Vec<u8>, compression: Compression) -> Vec<u8> {
+    if compression == Compression::Zstd
+        && body.len() >= 64
+        && let Ok(frame) = zstd::bulk::compress(&body, ZSTD_LEVEL)
+    {
+        let mut w = Writer::default();
+        w.buf.push(packed);
+        w.u64(body.len() as u64);
+        w.raw(&frame);
+        if w.buf.len() * 10 <= body.len() * 9 {
+            return w.buf;
+        }
+    }
+    let mut out = Vec::with_capacity(body.len() + 1);
+    out.push(raw);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The body of a value [`pack`] wrote: after a version from 1 to `raw` as it is, after
+/// `packed` decompressed.
+fn unpack<'a>(
+    buf: &'a [u8],
+    what: &'static str,
+    raw: u8,
+    packed: u8,
+) -> Result<std::borrow::Cow<'a, [u8]>> {
+    let mut r = Reader::new(buf);
+    let found = r.u8()?;
+    if found == packed {
+        let len = r.u64()?;
+        if len > MAX_PACKED_BODY {
+            return Err(StorageError::corrupt(what, format!("claims {len} bytes")));
+        }
+        let frame = r.rest();
+        let body = zstd::bulk::decompress(frame, len as usize)
+            .map_err(|e| StorageError::corrupt(what, format!("zstd: {e}")))?;
+        if body.len() as u64 != len {
+            return Err(StorageError::corrupt(
+                what,
+                format!("{} bytes where {len} were written", body.len()),
+            ));
+        }
+        return Ok(body.into());
+    }
+    if found == 0 || found > raw {
+        return Err(StorageError::UnsupportedVersion {
+            what,
+            found,
+            supported: packed,
+        });
+    }
+    Ok(buf[1..].into())
 }
 
 /// Whether column chunks may be compressed (zstd where it pays). Off, every value a row holds
@@ -579,12 +651,61 @@ mod tests {
                 name: "GET /".into(),
             }),
         }];
-        assert_eq!(decode_traces(&encode_traces(&traces)).unwrap(), traces);
+        // one entry: compression would not pay, so it is stored as it is (version 2)
+        let one = encode_traces(&traces, Compression::Zstd);
+        assert_eq!(one[0], TRACES_VERSION);
+        assert_eq!(decode_traces(&one).unwrap(), traces);
         let postings = vec![("v1".to_string(), RoaringBitmap::from_iter([1u32, 5, 9]))];
-        assert_eq!(
-            decode_postings(&encode_postings(&postings).unwrap()).unwrap(),
-            postings
+        let small = encode_postings(&postings, Compression::Zstd).unwrap();
+        assert_eq!(small[0], POSTINGS_VERSION);
+        assert_eq!(decode_postings(&small).unwrap(), postings);
+
+        // many entries and interleaved rows (a block's kind over traces): compressed, and read
+        // back the same; with compression off, the terms are in the value as they came
+        let many: Vec<TraceEntry> = (0..500u32)
+            .map(|i| TraceEntry {
+                trace_id: TraceId([(i % 251) as u8; 16]),
+                row_start: i * 40,
+                rows: 40,
+                ..traces[0].clone()
+            })
+            .collect();
+        let packed = encode_traces(&many, Compression::Zstd);
+        assert_eq!(packed[0], TRACES_PACKED);
+        assert_eq!(decode_traces(&packed).unwrap(), many);
+        let kinds: Vec<(String, RoaringBitmap)> = ["CLIENT", "INTERNAL", "SERVER"]
+            .iter()
+            .enumerate()
+            .map(|(k, term)| {
+                let rows = (0..200_000u32).filter(|r| (r % 37 % 3) as usize == k);
+                (term.to_string(), RoaringBitmap::from_iter(rows))
+            })
+            .collect();
+        let packed = encode_postings(&kinds, Compression::Zstd).unwrap();
+        let plain = encode_postings(&kinds, Compression::None).unwrap();
+        assert_eq!(packed[0], POSTINGS_PACKED);
+        assert_eq!(plain[0], POSTINGS_VERSION);
+        assert!(
+            packed.len() * 2 < plain.len(),
+            "{} vs {}",
+            packed.len(),
+            plain.len()
         );
+        assert_eq!(decode_postings(&packed).unwrap(), kinds);
+        assert_eq!(decode_postings(&plain).unwrap(), kinds);
+        assert!(plain.windows(8).any(|w| w == b"INTERNAL"));
+        // a compressed value cut short, or claiming more than it holds, is an error
+        assert!(decode_postings(&packed[..packed.len() / 2]).is_err());
+        let mut lying = vec![POSTINGS_PACKED];
+        lying.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        lying.extend_from_slice(&packed[4..]);
+        assert!(decode_postings(&lying).is_err());
+        let mut future = plain.clone();
+        future[0] = POSTINGS_PACKED + 1;
+        assert!(matches!(
+            decode_postings(&future),
+            Err(StorageError::UnsupportedVersion { .. })
+        ));
         let mut bad = meta.encode();
         bad[0] = 9;
         assert!(matches!(

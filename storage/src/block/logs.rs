@@ -426,7 +426,7 @@ pub fn build(mut rows: Vec<&LogRecord>, compression: Compression) -> Result<Buil
         },
         chunks,
         traces: trace_entries(&rows),
-        postings: postings.encode()?,
+        postings: postings.encode(compression)?,
     })
 }
 

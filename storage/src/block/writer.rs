@@ -251,12 +251,12 @@ impl Postings {
             .or_default()
             .insert_range(rows);
     }
-    pub(super) fn encode(self) -> Result<Vec<(String, Vec<u8>)>> {
+    pub(super) fn encode(self, compression: Compression) -> Result<Vec<(String, Vec<u8>)>> {
         self.0
             .into_iter()
             .map(|(dim, terms)| {
                 let terms: Vec<_> = terms.into_iter().collect();
-                Ok((dim, encode_postings(&terms)?))
+                Ok((dim, encode_postings(&terms, compression)?))
             })
             .collect()
     }
@@ -472,7 +472,7 @@ pub fn build_block_with(
         meta,
         chunks,
         traces,
-        postings: postings.encode()?,
+        postings: postings.encode(compression)?,
     })
 }
 
