@@ -136,6 +136,7 @@ pub fn register(ctx: &SessionContext) {
     // replaces DataFusion's own, under the same names (see `percentile`)
     ctx.register_udaf(super::percentile::percentile_cont());
     ctx.register_udf(super::timebin::date_bin());
+    ctx.register_udf(super::log2bucket::floor());
     ctx.register_udf(constant("version", version_string()));
     ctx.register_udf(constant("current_schema", "public".to_owned()));
     ctx.register_udf(constant("current_user", "weft".to_owned()));

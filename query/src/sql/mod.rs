@@ -6,6 +6,7 @@
 
 pub mod columns;
 pub mod functions;
+mod log2bucket;
 pub mod logs;
 mod metrics;
 mod percentile;
