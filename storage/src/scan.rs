@@ -16,6 +16,7 @@ pub mod spans;
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::DataType;
 
 use crate::block::BlockReader;
@@ -74,12 +75,12 @@ impl BlockView<'_> {
     }
 
     /// Start times (Unix nanoseconds).
-    pub fn starts(&self, rows: &Rows) -> Result<Vec<i64>> {
+    pub fn starts(&self, rows: &Rows) -> Result<ScalarBuffer<i64>> {
         self.reader.ints(col::START, rows)
     }
 
     /// Durations (nanoseconds).
-    pub fn durations(&self, rows: &Rows) -> Result<Vec<i64>> {
+    pub fn durations(&self, rows: &Rows) -> Result<ScalarBuffer<i64>> {
         self.reader.ints(col::DURATION, rows)
     }
 

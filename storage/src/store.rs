@@ -1499,8 +1499,8 @@ impl Store {
             .ints(crate::block::writer::col::START, &Rows::All)?;
         Ok(Some(
             (0..meta.rows)
-                .zip(starts)
-                .filter(|(_, s)| *s as u64 >= cutoff.0)
+                .zip(starts.iter())
+                .filter(|(_, s)| **s as u64 >= cutoff.0)
                 .map(|(r, _)| r)
                 .collect(),
         ))
@@ -1679,7 +1679,7 @@ impl Store {
             .block_reader(tenant, addr, meta)
             .ints(crate::block::writer::col::KIND, &Rows::All)?;
         let mut by_kind: BTreeMap<&'static str, RoaringBitmap> = BTreeMap::new();
-        for (row, code) in codes.into_iter().enumerate() {
+        for (row, &code) in codes.iter().enumerate() {
             let kind = crate::model::SpanKind::from_u8(code as u8).as_str();
             by_kind.entry(kind).or_default().insert(row as u32);
         }

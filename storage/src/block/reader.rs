@@ -7,6 +7,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, FixedSizeBinaryArray, Float64Array,
     Int64Array, ListArray, StringArray, UInt32Array,
 };
+use arrow::buffer::ScalarBuffer;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
@@ -391,7 +392,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 
     /// An int64 core column (start time, duration, …).
-    pub fn ints(&self, name: &str, rows: &Rows) -> Result<Vec<i64>> {
+    pub fn ints(&self, name: &str, rows: &Rows) -> Result<ScalarBuffer<i64>> {
         let gaps = self
             .meta
             .column(name)
@@ -402,16 +403,17 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         self.raw_ints(name, rows)
     }
 
-    fn raw_ints(&self, name: &str, rows: &Rows) -> Result<Vec<i64>> {
+    fn raw_ints(&self, name: &str, rows: &Rows) -> Result<ScalarBuffer<i64>> {
         let a = self.required(name, rows)?;
-        Ok(downcast::<Int64Array>(&a, name)?.values().to_vec())
+        Ok(downcast::<Int64Array>(&a, name)?.values().clone())
     }
 
     /// Absolute start times and durations of the given rows, each chunk decoded once. Start
     /// times are stored as gaps (see [`Transform::GapAfterPreviousEnd`]); every page and every
     /// trace run begins with an absolute time, so the rows are widened to whole pages (or the
     /// whole block when those pages are most of it), rebuilt, and the asked rows picked out.
-    pub fn times(&self, rows: &Rows) -> Result<(Vec<i64>, Vec<i64>)> {
+    /// The buffers are shared with the decoded chunks where they can be (no copy).
+    pub fn times(&self, rows: &Rows) -> Result<(ScalarBuffer<i64>, ScalarBuffer<i64>)> {
         let gap_encoded = self
             .meta
             .column(col::START)
@@ -427,9 +429,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let runs = self.source.trace_runs()?;
         if let (Rows::Set(set), Some(runs)) = (rows, &runs)
             && set.len() * 2 <= u64::from(total)
-            && let Some(times) = self.sparse_times(set, &runs.starts)?
+            && let Some((starts, durations)) = self.sparse_times(set, &runs.starts)?
         {
-            return Ok(times);
+            return Ok((starts.into(), durations.into()));
         }
         let widened = match rows {
             Rows::All => Rows::All,
@@ -490,17 +492,19 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
         };
         let set = match (rows, &widened) {
-            (Rows::All, _) => return Ok((starts, durations.to_vec())),
+            (Rows::All, _) => return Ok((starts.into(), durations.clone())),
             (Rows::Range(start, len), Rows::Range(from, _)) => {
-                let at = (start - from) as usize;
-                let range = at..at + *len as usize;
-                return Ok((starts[range.clone()].to_vec(), durations[range].to_vec()));
+                let (at, len) = ((start - from) as usize, *len as usize);
+                return Ok((
+                    ScalarBuffer::from(starts).slice(at, len),
+                    durations.slice(at, len),
+                ));
             }
             (Rows::Set(set), Rows::All) => {
                 let mask = self.mask_of(set);
-                let pick = |v: Int64Array| -> Result<Vec<i64>> {
+                let pick = |v: Int64Array| -> Result<ScalarBuffer<i64>> {
                     let kept = arrow::compute::filter(&v, &mask)?;
-                    Ok(downcast::<Int64Array>(&kept, col::START)?.values().to_vec())
+                    Ok(downcast::<Int64Array>(&kept, col::START)?.values().clone())
                 };
                 return Ok((
                     pick(Int64Array::from(starts))?,
@@ -524,7 +528,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 asked.next();
             }
         }
-        Ok(out)
+        Ok((out.0.into(), out.1.into()))
     }
 
     /// Start times and durations of a few rows of a block whose two chunks are bit-packed:

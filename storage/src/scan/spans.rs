@@ -23,7 +23,7 @@ use arrow::array::{
     Array, ArrayRef, FixedSizeBinaryArray, Int64Array, StringArray, StringViewArray,
     TimestampNanosecondArray, UInt32Array,
 };
-use arrow::buffer::OffsetBuffer;
+use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
@@ -346,8 +346,9 @@ pub fn read_block<S: ChunkSource>(
 ) -> Result<Vec<ArrayRef>> {
     let meta: &BlockMeta = reader.meta;
     let n = rows.len(meta.rows);
-    let mut starts: Option<Vec<i64>> = None;
-    let mut durations: Option<Vec<i64>> = None;
+    // shared with the decoded chunks: the start, end and duration columns copy nothing
+    let mut starts: Option<ScalarBuffer<i64>> = None;
+    let mut durations: Option<ScalarBuffer<i64>> = None;
     let mut other: Option<Vec<Option<Vec<KeyValue>>>> = None;
     let mut out = Vec::with_capacity(projection.len());
     for &p in projection {
@@ -391,7 +392,7 @@ pub fn read_block<S: ChunkSource>(
                 let codes = reader.ints(col::STATUS_CODE, rows)?;
                 code_names(&NAMES, |c| StatusCode::from_u8(c).as_str(), &codes)?
             }
-            SpanCol::Flags => Arc::new(Int64Array::from(reader.ints(col::FLAGS, rows)?)),
+            SpanCol::Flags => Arc::new(Int64Array::new(reader.ints(col::FLAGS, rows)?, None)),
             SpanCol::StartTime | SpanCol::EndTime | SpanCol::DurationNs => {
                 if starts.is_none() && columns.cols[p] != SpanCol::DurationNs {
                     let (st, du) = reader.times(rows)?;
@@ -403,7 +404,7 @@ pub fn read_block<S: ChunkSource>(
                 }
                 match &columns.cols[p] {
                     SpanCol::StartTime => Arc::new(
-                        TimestampNanosecondArray::from(starts.clone().unwrap_or_default())
+                        TimestampNanosecondArray::new(starts.clone().unwrap_or_default(), None)
                             .with_timezone("UTC"),
                     ),
                     SpanCol::EndTime => {
@@ -418,7 +419,7 @@ pub fn read_block<S: ChunkSource>(
                             .with_timezone("UTC"),
                         )
                     }
-                    _ => Arc::new(Int64Array::from(durations.clone().unwrap_or_default())),
+                    _ => Arc::new(Int64Array::new(durations.clone().unwrap_or_default(), None)),
                 }
             }
             SpanCol::ScopeName | SpanCol::ScopeVersion => {

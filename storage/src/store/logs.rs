@@ -294,8 +294,8 @@ impl Store {
                 .reader_of(tenant, Signal::Logs, addr, meta)
                 .ints(col::TIME, &Rows::All)?;
             let live: RoaringBitmap = (0..meta.rows)
-                .zip(times)
-                .filter(|(_, t)| *t as u64 >= cutoff && scan.in_range(*t as u64))
+                .zip(times.iter())
+                .filter(|(_, t)| **t as u64 >= cutoff && scan.in_range(**t as u64))
                 .map(|(r, _)| r)
                 .collect();
             rows = Some(match rows {

@@ -494,8 +494,8 @@ impl Store {
             rows = Some(
                 candidates
                     .into_iter()
-                    .zip(times)
-                    .filter(|(_, t)| *t as u64 >= cutoff && scan.in_range(*t as u64))
+                    .zip(times.iter())
+                    .filter(|(_, t)| **t as u64 >= cutoff && scan.in_range(**t as u64))
                     .map(|(r, _)| r)
                     .collect(),
             );

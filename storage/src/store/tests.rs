@@ -500,13 +500,13 @@ fn gap_encoded_start_times_read_back_across_page_boundaries() {
                 (s.start.0 as i64, s.duration_ns() as i64)
             })
             .unzip();
-        assert_eq!((starts, durations), want, "rows {set:?}");
+        assert_eq!((starts.to_vec(), durations.to_vec()), want, "rows {set:?}");
     }
     let unaligned = reader
         .ints(crate::block::writer::col::START, &Rows::Range(5000, 300))
         .unwrap();
     let want: Vec<i64> = all[5000..5300].iter().map(|s| s.start.0 as i64).collect();
-    assert_eq!(unaligned, want);
+    assert_eq!(unaligned.to_vec(), want);
 }
 
 #[test]
