@@ -13,7 +13,8 @@
 //! final aggregation above are DataFusion's, unchanged.
 //!
 //! Where runs are short (a batch with more than one run per two rows) the batch's keys are
-//! interned row by row, as DataFusion does. As DataFusion's partial aggregation does, it emits
+//! interned row by row, as DataFusion does, and so are the next batches' without looking for
+//! runs (a few batches on, it looks again). As DataFusion's partial aggregation does, it emits
 //! what it holds early when the query's memory pool refuses more (the final aggregation merges
 //! partial states however often they come), and stops aggregating, passing each row on as its
 //! own state, when the first rows show almost one group per row.
@@ -256,6 +257,7 @@ impl ExecutionPlan for RunAggregateExec {
             batch_size: context.session_config().batch_size().max(1),
             probe,
             skipping: false,
+            short_run_batches: 0,
             pending: VecDeque::new(),
             done: false,
             runs: metrics.clone().counter("key_runs", partition),
@@ -292,6 +294,8 @@ struct RunAggregateStream {
     probe: Option<Probe>,
     /// Past the probe with almost a group per row: rows go out as their own states.
     skipping: bool,
+    /// Batches still to intern row by row without looking for runs (see [`SHORT_RUN_PAUSE`]).
+    short_run_batches: u32,
     pending: VecDeque<RecordBatch>,
     done: bool,
     runs: Count,
@@ -300,6 +304,12 @@ struct RunAggregateStream {
     baseline: BaselineMetrics,
 }
 
+/// After a batch whose runs were short (a key that changes on nearly every row, such as a
+/// latency bucket), the next this many batches are interned row by row without the search for
+/// runs, which would cost a tenth of the aggregation to find none; the batch after them looks
+/// again (a key's runs may lengthen further into the input).
+const SHORT_RUN_PAUSE: u32 = 15;
+
 impl RunAggregateStream {
     fn aggregate(&mut self, batch: &RecordBatch) -> Result<()> {
         let rows = batch.num_rows();
@@ -307,6 +317,13 @@ impl RunAggregateStream {
             return Ok(());
         }
         let keys = self.evaluate_keys(batch)?;
+        if self.short_run_batches > 0 {
+            // runs were short just before: row by row, without looking for them
+            self.short_run_batches -= 1;
+            self.runs.add(rows);
+            self.group_values.intern(&keys, &mut self.row_groups)?;
+            return self.accumulate(batch, rows);
+        }
         let changes = key_changes(&keys, rows)?;
         let runs = runs_of(&changes);
         self.runs.add(runs.len());
@@ -323,8 +340,14 @@ impl RunAggregateStream {
                     .extend(std::iter::repeat_n(group, run.end - run.start));
             }
         } else {
+            self.short_run_batches = SHORT_RUN_PAUSE;
             self.group_values.intern(&keys, &mut self.row_groups)?;
         }
+        self.accumulate(batch, rows)
+    }
+
+    /// Every row of `batch` into its group (`row_groups`), then the probe.
+    fn accumulate(&mut self, batch: &RecordBatch, rows: usize) -> Result<()> {
         let groups = self.group_values.len();
         let arguments = evaluate_many(&self.arguments, batch)?;
         for ((acc, values), filter) in self
@@ -802,6 +825,10 @@ mod tests {
             // and a product that overflows (DataFusion's own arithmetic answers)
             "SELECT (i - 30000) / 7 * 5, b / 2 * -3, count(*) FROM t GROUP BY 1, 2",
             "SELECT i / 3 * 4611686018427387904, count(*) FROM t GROUP BY 1",
+            // runs short at first (interned row by row, then without looking for runs for a
+            // few batches), long after
+            "SELECT CASE WHEN i % 20000 < 9000 THEN i ELSE i / 1000 END, count(*), sum(v) \
+             FROM t GROUP BY 1",
         ];
         for q in queries {
             let (plain, before) = run(q, false, &[], usize::MAX).await;
