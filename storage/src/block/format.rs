@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::concat;
-use arrow::datatypes::{Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{
@@ -469,6 +469,13 @@ fn write_parquet_chunk(
         Enc::Plain => props.set_dictionary_enabled(false),
         Enc::Packed => unreachable!("bit-packed chunks return above"),
     };
+    if matches!(array.data_type(), DataType::FixedSizeBinary(_)) {
+        // ids: plain, past a dictionary too, never prefix-delta-encoded (the writer's default
+        // for byte arrays): random ids share no prefixes, and a delta-encoded page must be
+        // decoded from its first value to reach any row, so a point read of a few span ids
+        // decoded whole pages
+        props = props.set_encoding(Encoding::PLAIN);
+    }
     if verbatim && matches!(enc, Enc::Dict | Enc::Plain) {
         // values whole, as they came (not prefix-delta-encoded, the default for byte arrays
         // past the dictionary): what `Compression::None` promises
@@ -565,6 +572,37 @@ mod tests {
         let part = decode_chunk(bytes, Some(sel)).unwrap();
         let part = part.as_any().downcast_ref::<Int64Array>().unwrap();
         assert_eq!(part.values().as_ref(), &values[9000..9003]);
+    }
+
+    #[test]
+    fn random_ids_are_plain_so_a_row_is_reached_without_its_page() {
+        use arrow::array::FixedSizeBinaryArray;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let ids: Vec<[u8; 8]> = (0..20_000u64)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i << 29)).to_le_bytes())
+            .collect();
+        let array: ArrayRef = Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter()).unwrap());
+        for enc in [Enc::Plain, Enc::Dict] {
+            let bytes = Bytes::from(encode_chunk(&array, enc).unwrap());
+            let reader = SerializedFileReader::new(bytes.clone()).unwrap();
+            let encodings = reader
+                .metadata()
+                .row_group(0)
+                .column(0)
+                .encodings()
+                .collect::<Vec<_>>();
+            assert!(
+                !encodings.contains(&Encoding::DELTA_BYTE_ARRAY),
+                "{enc:?}: {encodings:?}"
+            );
+            let sel = RowSelection::from(vec![RowSelector::skip(12_345), RowSelector::select(2)]);
+            let part = decode_chunk(bytes.clone(), Some(sel)).unwrap();
+            assert_eq!(part.as_ref(), array.slice(12_345, 2).as_ref());
+            if enc == Enc::Plain {
+                // eight bytes an id, and little more
+                assert!(bytes.len() < ids.len() * 8 + 2048, "{}", bytes.len());
+            }
+        }
     }
 
     #[test]
