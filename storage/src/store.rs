@@ -21,7 +21,7 @@ use rocksdb::{
     SliceTransform, WriteBatch, WriteOptions,
 };
 
-use crate::block::format::{decode_postings, decode_traces, encode_traces};
+use crate::block::format::{Compression, decode_postings, decode_traces, encode_traces};
 use crate::block::reader::{ChunkSource, Postings, Rows, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry};
 use crate::cache::Bounded;
@@ -61,7 +61,7 @@ pub struct StoreOptions {
     /// A window that received no block for this long has all its small blocks merged.
     pub merge_idle: Duration,
     /// Compression of column chunks (`None`: every value is on disk as it came).
-    pub compression: crate::block::format::Compression,
+    pub compression: Compression,
     /// How many flushes a trace may be kept back in the head, waiting for the parent of one
     /// of its spans, so that it reaches a block whole (SDKs export children before their
     /// parents); 0 flushes every row at once.
@@ -1309,7 +1309,8 @@ impl Store {
         );
         for entry in &built.traces {
             let key = keys::trace_id(tenant, signal, &entry.trace_id, addr);
-            let summary = encode_traces(std::slice::from_ref(entry), self.opts.compression);
+            // one entry: compression would not pay, and a flush writes one per trace
+            let summary = encode_traces(std::slice::from_ref(entry), Compression::None);
             batch.put_cf(data, key, seal(summary));
         }
         batch.put_cf(

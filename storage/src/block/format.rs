@@ -236,6 +236,7 @@ pub struct TraceEntry {
 
 pub fn encode_traces(entries: &[TraceEntry], compression: Compression) -> Vec<u8> {
     let mut w = Writer::default();
+    w.buf.push(TRACES_VERSION);
     w.u64(entries.len() as u64);
     for e in entries {
         w.raw(&e.trace_id.0);
@@ -255,7 +256,7 @@ pub fn encode_traces(entries: &[TraceEntry], compression: Compression) -> Vec<u8
             None => w.buf.push(0),
         }
     }
-    pack(TRACES_VERSION, TRACES_PACKED, w.buf, compression)
+    pack(w.buf, TRACES_PACKED, compression)
 }
 
 pub fn decode_traces(buf: &[u8]) -> Result<Vec<TraceEntry>> {
@@ -291,6 +292,7 @@ pub fn encode_postings(
     compression: Compression,
 ) -> Result<Vec<u8>> {
     let mut w = Writer::default();
+    w.buf.push(POSTINGS_VERSION);
     w.u64(terms.len() as u64);
     let mut bitmap = Vec::new();
     for (term, rows) in terms {
@@ -299,7 +301,7 @@ pub fn encode_postings(
         rows.serialize_into(&mut bitmap)?;
         w.bytes(&bitmap);
     }
-    Ok(pack(POSTINGS_VERSION, POSTINGS_PACKED, w.buf, compression))
+    Ok(pack(w.buf, POSTINGS_PACKED, compression))
 }
 
 pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
@@ -315,12 +317,13 @@ pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
     Ok(out)
 }
 
-/// `body` behind its version byte: `packed` and the body zstd-compressed where that saves at
-/// least a tenth (and `compression` allows), else `raw` and the body as it is.
-fn pack(raw: u8, packed: u8, body: Vec<u8>, compression: Compression) -> Vec<u8> {
+/// `value` (its raw version byte, then its body) as it is, or `packed` and the body
+/// zstd-compressed where that saves at least a tenth (and `compression` allows).
+fn pack(value: Vec<u8>, packed: u8, compression: Compression) -> Vec<u8> {
+    let body = &value[1..];
     if compression == Compression::Zstd
         && body.len() >= 64
-        && let Ok(frame) = zstd::bulk::compress(&body, ZSTD_LEVEL)
+        && let Ok(frame) = zstd::bulk::compress(body, ZSTD_LEVEL)
     {
         let mut w = Writer::default();
         w.buf.push(packed);
@@ -330,10 +333,7 @@ fn pack(raw: u8, packed: u8, body: Vec<u8>, compression: Compression) -> Vec<u8>
             return w.buf;
         }
     }
-    let mut out = Vec::with_capacity(body.len() + 1);
-    out.push(raw);
-    out.extend_from_slice(&body);
-    out
+    value
 }
 
 /// The body of a value [`pack`] wrote: after a version from 1 to `raw` as it is, after
