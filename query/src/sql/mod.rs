@@ -20,6 +20,7 @@ pub mod scan;
 pub mod shared;
 pub mod tables;
 mod timebin;
+pub mod tracejoin;
 
 use futures::StreamExt;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionState;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -64,6 +66,10 @@ pub struct SqlConfig {
     pub max_concurrent: usize,
     /// How long a query waits for a turn before it is refused (503 / SQLSTATE 53300).
     pub queue_wait: Duration,
+    /// A join of `spans` with itself on the trace id runs trace by trace when both sides
+    /// select more rows than this; with a smaller side the hash join reads the other side's
+    /// rows of those traces only, through the trace-id index (see `tracejoin`).
+    pub trace_local_join_min_rows: usize,
 }
 
 impl Default for SqlConfig {
@@ -79,6 +85,7 @@ impl Default for SqlConfig {
                 .map_or(4, |n| n.get() * 2)
                 .max(4),
             queue_wait: Duration::from_secs(5),
+            trace_local_join_min_rows: scan::MAX_TRACE_IDS,
         }
     }
 }
@@ -248,7 +255,21 @@ impl SqlEngine {
             if share {
                 builder = builder.with_optimizer_rule(Arc::new(percentiles::SharePercentiles));
                 // runs first: shared subtrees are fingerprinted as they will execute
+                // trace-local joins go in before DataFusion lays out partitions and
+                // repartitions, so that the operators above are planned for their output
+                let mut rules = PhysicalOptimizer::new().rules;
+                let at = rules
+                    .iter()
+                    .position(|r| r.name() == "EnsureRequirements")
+                    .unwrap_or(rules.len());
+                rules.insert(
+                    at,
+                    Arc::new(tracejoin::TraceLocalJoins {
+                        min_side_rows: config.trace_local_join_min_rows,
+                    }),
+                );
                 builder = builder
+                    .with_physical_optimizer_rules(rules)
                     .with_physical_optimizer_rule(Arc::new(runs::CollapseGroupRuns))
                     .with_physical_optimizer_rule(Arc::new(shared::ShareRepeatedSubplans));
             }
@@ -309,6 +330,7 @@ impl SqlEngine {
             snapshot: self.store.snapshot(tenant),
             pushdown,
             requests: Default::default(),
+            scattered: Default::default(),
         };
         let tables: Vec<(&'static str, Arc<dyn TableProvider>)> = vec![
             ("spans", Arc::new(SpansTable::new(table_ctx.clone()))),

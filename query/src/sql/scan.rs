@@ -48,6 +48,7 @@ use weft_storage::scan::BlockAddr;
 use weft_storage::scan::Rows;
 
 use super::pushdown::{BlockWork, ScanPlan};
+use super::tracejoin::Scattered;
 
 mod traces;
 
@@ -85,6 +86,11 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
         _table: &dyn TableProvider,
     ) -> Result<Option<(Arc<dyn ScanSource>, ScanPlan)>> {
         Ok(None)
+    }
+    /// The traces of the source's snapshot that do not lie in one block (for trace-local
+    /// joins); `None` when this source cannot tell.
+    fn scattered_traces(&self) -> Option<Arc<Scattered>> {
+        None
     }
     /// Each block's rows of the given traces (ids as hex text), from the trace-id index;
     /// `None` when this source cannot tell.
@@ -207,6 +213,50 @@ impl WeftScanExec {
     /// The table read.
     pub fn table(&self) -> &'static str {
         self.source.table()
+    }
+
+    /// The blocks the scan reads, newest first, each with the rows it selects.
+    pub(super) fn blocks(&self) -> &[BlockWork] {
+        &self.plan.blocks
+    }
+
+    /// The most rows the scan emits (exact when index-answered filters alone select them).
+    pub(super) fn rows_selected(&self) -> usize {
+        self.rows_of(None)
+    }
+
+    pub(super) fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+
+    /// The traces of the scan's snapshot that do not lie in one block.
+    pub(super) fn scattered(&self) -> Option<Arc<Scattered>> {
+        self.source.scattered_traces()
+    }
+
+    /// One block's selected rows (those of `work`), projected and through the row filters.
+    pub(super) fn read_block_batch(&self, work: &BlockWork) -> Result<RecordBatch> {
+        let (rows, columns) = self.source.read_block(work, &self.projection)?;
+        self.apply_row_filters(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?)
+    }
+
+    /// The head's selected rows, projected and through the row filters.
+    pub(super) fn read_head_batches(&self) -> Result<Vec<RecordBatch>> {
+        self.source
+            .read_head(&self.projection)?
+            .into_iter()
+            .map(|(rows, columns)| {
+                self.apply_row_filters(RecordBatch::try_new_with_options(
+                    self.schema.clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(rows)),
+                )?)
+            })
+            .collect()
     }
 
     /// Whether parent operators pushed dynamic filters into this scan.

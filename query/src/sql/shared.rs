@@ -47,6 +47,7 @@ use tokio::sync::OnceCell;
 
 use super::runs::{key_changes, runs_of};
 use super::scan::WeftScanExec;
+use super::tracejoin::TraceLocalJoinExec;
 
 /// Function names whose value changes from call to call: subtrees using them are not shared.
 const VOLATILE: &[&str] = &["random(", "uuid("];
@@ -91,10 +92,17 @@ fn fingerprint(
     keys: &mut HashMap<usize, String>,
     counts: &mut HashMap<String, usize>,
 ) -> Option<String> {
+    // a trace-local join reads its children's scans block by block, never runs them: they are
+    // part of its key, not subtrees to share
+    let (mut own_keys, mut own_counts) = (HashMap::new(), HashMap::new());
+    let (keys_below, counts_below) = match plan.is::<TraceLocalJoinExec>() {
+        true => (&mut own_keys, &mut own_counts),
+        false => (&mut *keys, &mut *counts),
+    };
     let children: Vec<Option<String>> = plan
         .children()
         .into_iter()
-        .map(|c| fingerprint(c, keys, counts))
+        .map(|c| fingerprint(c, keys_below, counts_below))
         .collect();
     let mut key = if let Some(scan) = plan.downcast_ref::<WeftScanExec>() {
         scan.share_key()
@@ -136,7 +144,10 @@ fn share(
         return Ok(Arc::new(SharedExec::new(plan, state.clone())));
     }
     let inner_min = key.as_ref().map_or(min_count, |k| counts[k]);
-    let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+    let children: Vec<Arc<dyn ExecutionPlan>> = match plan.is::<TraceLocalJoinExec>() {
+        true => Vec::new(), // see `fingerprint`
+        false => plan.children().into_iter().cloned().collect(),
+    };
     let mut changed = false;
     let mut new_children = Vec::with_capacity(children.len());
     for child in children {

@@ -27,6 +27,7 @@ use super::columns::{SpanCol, SpanColumns, list_type, map_type, storage_err, tim
 use super::pushdown::{BlockWork, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
 use super::scan::{ScanSource, TraceRows, WeftScanExec};
+use super::tracejoin::Scattered;
 
 /// What every table of one query reads: the store, the tenant and one snapshot.
 #[derive(Clone)]
@@ -38,6 +39,9 @@ pub struct TableContext {
     pub pushdown: bool,
     /// The head's request values, computed when a query first uses a request column.
     pub requests: Arc<RequestCell>,
+    /// The snapshot's traces that do not lie in one block, computed when a trace-local join
+    /// first asks.
+    pub scattered: Arc<std::sync::OnceLock<Arc<Scattered>>>,
 }
 
 impl TableContext {
@@ -261,6 +265,14 @@ impl ScanSource for SpansSource {
     }
     fn share_key(&self) -> String {
         format!("pushdown={} {:?}", self.ctx.pushdown, self.pushdown)
+    }
+    fn scattered_traces(&self) -> Option<Arc<Scattered>> {
+        let ctx = &self.ctx;
+        Some(
+            ctx.scattered
+                .get_or_init(|| Arc::new(Scattered::new(&ctx.snapshot)))
+                .clone(),
+        )
     }
     fn trace_rows(&self, ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
         let ctx = &self.ctx;

@@ -178,6 +178,13 @@ fn small_block_store() -> (tempfile::TempDir, Arc<Store>) {
 
 /// A store with several blocks over several time ranges and rows still in the head.
 fn fixture() -> Fixture {
+    fixture_with(SqlConfig {
+        target_partitions: 2,
+        ..Default::default()
+    })
+}
+
+fn fixture_with(config: SqlConfig) -> Fixture {
     let (dir, store) = small_block_store();
     let tenant = TenantId::default_tenant();
     let all = spans(7, 300);
@@ -191,13 +198,7 @@ fn fixture() -> Fixture {
     store
         .append(&TenantId::new("other").unwrap(), spans(99, 5))
         .unwrap();
-    let engine = SqlEngine::new(
-        store,
-        SqlConfig {
-            target_partitions: 2,
-            ..Default::default()
-        },
-    );
+    let engine = SqlEngine::new(store, config);
     Fixture {
         _dir: dir,
         engine,
@@ -1001,4 +1002,50 @@ fn a_join_naming_a_few_traces_reads_only_their_rows() {
     ))
     .unwrap();
     assert_eq!(got, vec![vec![spans.to_string()]]);
+}
+
+#[test]
+fn trace_local_joins_answer_as_datafusion_s_hash_join() {
+    let f = fixture_with(SqlConfig {
+        target_partitions: 2,
+        trace_local_join_min_rows: 0,
+        ..Default::default()
+    });
+    let queries = [
+        // parent and child
+        "SELECT c.span_id, p.span_id, c.name, p.name FROM spans c JOIN spans p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id",
+        // the same, the other way round, with a residual filter
+        "SELECT c.span_id, p.name FROM spans p JOIN spans c ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id AND c.start_time >= p.start_time",
+        // same trace, both sides filtered, a dimension from the other side
+        "SELECT d.span_id, g.\"llm.model_version\", d.duration_ns FROM spans d JOIN spans g ON d.trace_id = g.trace_id WHERE g.name = 'llm.generate' AND d.name = 'llm.decode.token'",
+        // every pair of a trace's spans, aggregated
+        "SELECT a.name, b.name, count(*) AS n FROM spans a JOIN spans b ON a.trace_id = b.trace_id GROUP BY 1, 2",
+        // a subquery that renames the keys, and an OR over them after the join
+        "SELECT s.span_id, g.sid FROM spans s JOIN (SELECT trace_id AS t, span_id AS sid FROM spans WHERE name = 'llm.generate') g ON s.trace_id = g.t WHERE s.span_id = g.sid OR s.parent_span_id = g.sid",
+        // a time range on one side only: blocks only it reads still give their split traces
+        "SELECT a.span_id, b.span_id FROM spans a JOIN spans b ON a.trace_id = b.trace_id AND a.parent_span_id = b.span_id WHERE a.start_time < '2023-11-14T22:13:40Z'",
+    ];
+    for sql in queries {
+        let plan = block_on(text_of(&f, &format!("EXPLAIN {sql}"), true));
+        assert!(plan.contains("TraceLocalJoinExec"), "{sql}: {plan}");
+        assert!(!plan.contains("HashJoinExec"), "{sql}: {plan}");
+        let got = sorted(block_on(rows(&f, sql, true)).unwrap());
+        let want = sorted(block_on(rows(&f, sql, false)).unwrap());
+        assert!(!want.is_empty(), "{sql}");
+        assert_eq!(got.len(), want.len(), "{sql}");
+        assert_eq!(got, want, "{sql}");
+    }
+    // the fixture has traces over two blocks and traces with rows in the head
+    let plan = block_on(text_of(&f, &format!("EXPLAIN {}", queries[0]), true));
+    let scattered: usize = plan
+        .split("scattered traces=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{plan}"));
+    assert!(scattered > 0, "{plan}");
+    // a small side keeps the hash join, whose build side narrows the other scan's rows
+    let sql = "SELECT count(*) FROM spans c JOIN spans p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id";
+    let plan = block_on(text_of(&fixture(), &format!("EXPLAIN {sql}"), true));
+    assert!(plan.contains("HashJoinExec"), "{plan}");
 }

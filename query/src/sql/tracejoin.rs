@@ -1,0 +1,965 @@
+//! Trace-local joins: a join between two reads of `spans` whose keys include both sides'
+//! trace id (`a.trace_id = b.trace_id`, parent ↔ child with `AND a.parent_span_id =
+//! b.span_id`, any further keys and a residual filter), run inside each trace's rows instead
+//! of as a hash join over the table.
+//!
+//! A block holds each of its traces' spans together, so a trace that lies wholly in one
+//! block can only meet rows of that block. [`TraceLocalJoinExec`] reads each block's
+//! selected rows of both sides together, finds the runs of equal trace ids on each side, and
+//! pairs the runs of the same trace (one hash lookup per trace, none per row); within a pair of
+//! runs the other keys are compared directly or, for large runs, through a small hash table. A
+//! block that only one side selects is not read at all. The rows of traces that do not lie in
+//! one block (split over blocks, or with rows in the head) are set aside from every block,
+//! joined with both sides' head rows by the last partition to finish, grouped by trace. The
+//! scattered traces are the snapshot's split traces and the head's traces.
+//!
+//! [`TraceLocalJoins`] puts it in place of an inner `HashJoinExec` when each side is a Weft
+//! scan of `spans` of the same snapshot under projections and filters only (repartitions and
+//! coalescing between them and the join are passed through), when the trace-id keys are the scan's
+//! own `trace_id` column, and when both sides select more than a few thousand rows: a
+//! smaller side is better served by the hash join, whose build side reaches the other scan as
+//! a list of trace ids that it looks up in the trace-id index. `EXPLAIN` shows it as
+//! `TraceLocalJoinExec`; if a later rule gives it children it cannot read block by block, it
+//! becomes the hash join it replaced.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use arrow::compute::{concat_batches, take};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::row::{RowConverter, Rows, SortField};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{JoinSide, JoinType, NullEquality, Statistics};
+use datafusion::config::ConfigOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use weft_storage::model::TraceId;
+use weft_storage::scan::BlockAddr;
+use weft_storage::store::Snapshot;
+
+use super::pushdown::BlockWork;
+use super::scan::WeftScanExec;
+
+/// The traces of one snapshot whose rows do not all lie in one block: split over blocks, or
+/// with rows in the head.
+#[derive(Debug, Default)]
+pub struct Scattered {
+    splits: Arc<HashSet<TraceId>>,
+    head: HashSet<TraceId>,
+    /// Identifies the snapshot (its block map), so that two scans are known to share one.
+    snapshot: usize,
+}
+
+impl Scattered {
+    pub fn new(snapshot: &Snapshot) -> Self {
+        let head = snapshot
+            .head
+            .batches
+            .iter()
+            .flat_map(|b| b.iter().map(|r| r.trace_id))
+            .collect();
+        Self {
+            splits: snapshot.splits.clone(),
+            head,
+            snapshot: Arc::as_ptr(&snapshot.blocks) as usize,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.splits.is_empty() && self.head.is_empty()
+    }
+
+    /// Whether a trace id (as the `trace_id` column holds it: hex text) names a scattered
+    /// trace; text that is no stored id's form is treated as scattered (it is then joined
+    /// with the remainder, which is always right).
+    fn contains_hex(&self, hex: &str) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        match TraceId::from_hex(hex) {
+            Ok(t) => self.splits.contains(&t) || self.head.contains(&t),
+            Err(_) => true,
+        }
+    }
+}
+
+/// The physical optimizer rule; see the module documentation.
+#[derive(Debug)]
+pub struct TraceLocalJoins {
+    /// Each side must select more rows than this (see [`super::SqlConfig`]).
+    pub min_side_rows: usize,
+}
+
+impl PhysicalOptimizerRule for TraceLocalJoins {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitions = config.execution.target_partitions.max(1);
+        plan.transform_up(|node| {
+            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            // a copy of its own (a hash join cannot be cloned)
+            let Ok(join) = join.builder().build() else {
+                return Ok(Transformed::no(node));
+            };
+            let join = Arc::new(join);
+            match TraceLocalJoinExec::try_new(join, partitions, Some(self.min_side_rows))? {
+                Some(local) => Ok(Transformed::yes(Arc::new(local) as Arc<dyn ExecutionPlan>)),
+                None => Ok(Transformed::no(node)),
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "trace_local_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// An operator between a side's scan and the join, applied to each batch the scan reads.
+#[derive(Debug, Clone)]
+enum Step {
+    Project(Arc<ProjectionExec>),
+    Filter(Arc<FilterExec>),
+}
+
+impl Step {
+    fn apply(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        match self {
+            Step::Project(p) => {
+                let n = batch.num_rows();
+                let columns = p
+                    .expr()
+                    .iter()
+                    .map(|e| e.expr.evaluate(&batch)?.into_array(n))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(RecordBatch::try_new_with_options(
+                    p.schema(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(n)),
+                )?)
+            }
+            Step::Filter(f) => {
+                let keep = f
+                    .predicate()
+                    .evaluate(&batch)?
+                    .into_array(batch.num_rows())?;
+                let keep = keep.as_boolean_opt().ok_or_else(|| {
+                    DataFusionError::Internal("filter is not a boolean expression".into())
+                })?;
+                let kept = arrow::compute::filter_record_batch(&batch, keep)?;
+                match f.projection() {
+                    Some(p) => Ok(kept.project(p)?),
+                    None => Ok(kept),
+                }
+            }
+        }
+    }
+}
+
+/// Operators between a side's scan and the join that change neither rows nor columns.
+const PASSED_THROUGH: &[&str] = &[
+    "RepartitionExec",
+    "CoalesceBatchesExec",
+    "CoalescePartitionsExec",
+    "CooperativeExec",
+];
+
+/// One side of the join: a scan and the steps above it.
+#[derive(Debug, Clone)]
+struct Side {
+    scan: Arc<WeftScanExec>,
+    /// Bottom up.
+    steps: Vec<Step>,
+    /// The join's input as planned (its child, shown under it; what a hash join would run).
+    plan: Arc<dyn ExecutionPlan>,
+}
+
+impl Side {
+    /// A side made of a Weft scan of `spans` under projections and filters (repartitions and
+    /// coalescing are passed through: the join reads the scan block by block).
+    fn of(plan: &Arc<dyn ExecutionPlan>) -> Option<Self> {
+        let mut above = Vec::new();
+        let mut node = plan.clone();
+        loop {
+            if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
+                if scan.table() != "spans" || scan.limit().is_some() {
+                    return None;
+                }
+                above.reverse();
+                return Some(Self {
+                    scan: Arc::new(scan.clone()),
+                    steps: above,
+                    plan: plan.clone(),
+                });
+            }
+            if node.fetch().is_some() {
+                return None;
+            }
+            let next = if let Some(p) = node.downcast_ref::<ProjectionExec>() {
+                above.push(Step::Project(Arc::new(p.clone())));
+                p.input().clone()
+            } else if let Some(f) = node.downcast_ref::<FilterExec>() {
+                above.push(Step::Filter(Arc::new(f.clone())));
+                f.input().clone()
+            } else if PASSED_THROUGH.contains(&node.name()) && node.children().len() == 1 {
+                node.children()[0].clone()
+            } else {
+                return None;
+            };
+            node = next;
+        }
+    }
+
+    /// Whether `key`, an expression over the side's output, is the scan's `trace_id` column
+    /// carried up unchanged through the steps.
+    fn is_trace_id(&self, key: &Arc<dyn PhysicalExpr>) -> bool {
+        let Some(mut index) = key.downcast_ref::<Column>().map(|c| c.index()) else {
+            return false;
+        };
+        for step in self.steps.iter().rev() {
+            match step {
+                Step::Project(p) => {
+                    match p
+                        .expr()
+                        .get(index)
+                        .and_then(|e| e.expr.downcast_ref::<Column>())
+                    {
+                        Some(c) => index = c.index(),
+                        None => return false,
+                    }
+                }
+                Step::Filter(f) => {
+                    if let Some(p) = f.projection() {
+                        match p.get(index) {
+                            Some(&i) => index = i,
+                            None => return false,
+                        }
+                    }
+                }
+            }
+        }
+        let schema = self.scan.schema();
+        index < schema.fields().len()
+            && schema.field(index).name() == "trace_id"
+            && matches!(
+                schema.field(index).data_type(),
+                DataType::Utf8 | DataType::Utf8View
+            )
+    }
+
+    /// A batch of the scan's rows carried through the steps.
+    fn finish(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let mut batch = batch;
+        for step in &self.steps {
+            batch = step.apply(batch)?;
+        }
+        Ok(batch)
+    }
+
+    fn read_block(&self, work: &BlockWork) -> Result<RecordBatch> {
+        self.finish(self.scan.read_block_batch(work)?)
+    }
+
+    fn read_head(&self) -> Result<Vec<RecordBatch>> {
+        self.scan
+            .read_head_batches()?
+            .into_iter()
+            .map(|b| self.finish(b))
+            .collect()
+    }
+}
+
+/// A block's place in each side's list of blocks.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    left: Option<usize>,
+    right: Option<usize>,
+}
+
+/// What the partitions of one execution share: the scattered traces' rows, and how many
+/// partitions have finished reading their blocks.
+#[derive(Debug, Default)]
+struct RunState {
+    left: Mutex<Vec<RecordBatch>>,
+    right: Mutex<Vec<RecordBatch>>,
+    finished: AtomicUsize,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct TraceLocalJoinExec {
+    /// The join this stands for (its expressions, schema; run as it is when the children
+    /// given later are not scans).
+    join: Arc<HashJoinExec>,
+    left: Side,
+    right: Side,
+    /// Index of the trace-id pair in the join's keys.
+    trace_key: usize,
+    scattered: Arc<Scattered>,
+    partitions: Vec<Vec<Pair>>,
+    properties: Arc<PlanProperties>,
+    state: Arc<RunState>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl TraceLocalJoinExec {
+    /// The trace-local form of `join`, when it has one (see the module documentation);
+    /// With `min_side_rows`, a side that selects at most that many rows declines and there
+    /// are at most as many partitions as blocks; without (the same join given new children),
+    /// exactly `partitions` partitions, whatever the sides' sizes.
+    fn try_new(
+        join: Arc<HashJoinExec>,
+        partitions: usize,
+        min_side_rows: Option<usize>,
+    ) -> Result<Option<Self>> {
+        if join.join_type != JoinType::Inner || join.fetch().is_some() {
+            return Ok(None);
+        }
+        let (Some(left), Some(right)) = (Side::of(&join.left), Side::of(&join.right)) else {
+            return Ok(None);
+        };
+        let Some(trace_key) = join
+            .on
+            .iter()
+            .position(|(l, r)| left.is_trace_id(l) && right.is_trace_id(r))
+        else {
+            return Ok(None);
+        };
+        // the other keys are compared as arrow rows: both sides must have the same types
+        for (l, r) in &join.on {
+            if l.data_type(&left.plan.schema())? != r.data_type(&right.plan.schema())? {
+                return Ok(None);
+            }
+        }
+        let (Some(scattered), Some(other)) = (left.scan.scattered(), right.scan.scattered()) else {
+            return Ok(None);
+        };
+        if scattered.snapshot != other.snapshot {
+            return Ok(None);
+        }
+        if let Some(min) = min_side_rows
+            && left.scan.rows_selected().min(right.scan.rows_selected()) <= min
+        {
+            return Ok(None);
+        }
+        // blocks in the order the scans read them (newest first), each side's index
+        let mut at: HashMap<BlockAddr, usize> = HashMap::new();
+        let mut pairs: Vec<Pair> = Vec::new();
+        for (i, b) in left.scan.blocks().iter().enumerate() {
+            at.insert(b.addr, pairs.len());
+            pairs.push(Pair {
+                left: Some(i),
+                right: None,
+            });
+        }
+        for (i, b) in right.scan.blocks().iter().enumerate() {
+            match at.get(&b.addr) {
+                Some(&p) => pairs[p].right = Some(i),
+                None => pairs.push(Pair {
+                    left: None,
+                    right: Some(i),
+                }),
+            }
+        }
+        // a block only one side reads can only hold that side's rows of scattered traces
+        if scattered.is_empty() {
+            pairs.retain(|p| p.left.is_some() && p.right.is_some());
+        }
+        let n = match min_side_rows {
+            None => partitions.max(1),
+            Some(_) => partitions.clamp(1, pairs.len().max(1)),
+        };
+        let mut spread = vec![Vec::new(); n];
+        for (i, p) in pairs.into_iter().enumerate() {
+            spread[i % n].push(p);
+        }
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(join.schema()),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Some(Self {
+            join,
+            left,
+            right,
+            trace_key,
+            scattered,
+            partitions: spread,
+            properties,
+            state: Arc::default(),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+
+    fn keys(&self, side: JoinSide) -> Vec<Arc<dyn PhysicalExpr>> {
+        self.join
+            .on
+            .iter()
+            .map(|(l, r)| match side {
+                JoinSide::Left => l.clone(),
+                _ => r.clone(),
+            })
+            .collect()
+    }
+}
+
+impl DisplayAs for TraceLocalJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on: Vec<String> = self
+            .join
+            .on
+            .iter()
+            .map(|(l, r)| format!("({l}, {r})"))
+            .collect();
+        write!(f, "TraceLocalJoinExec: on=[{}]", on.join(", "))?;
+        if let Some(filter) = &self.join.filter {
+            write!(f, ", filter={}", filter.expression())?;
+        }
+        if let Some(p) = &self.join.projection {
+            write!(f, ", projection={:?}", p.as_ref())?;
+        }
+        let both = self.partitions.iter().flatten();
+        let (mut paired, mut alone) = (0, 0);
+        for p in both {
+            match (p.left, p.right) {
+                (Some(_), Some(_)) => paired += 1,
+                _ => alone += 1,
+            }
+        }
+        write!(
+            f,
+            ", blocks={paired} read by both sides, {alone} by one, scattered traces={}",
+            self.scattered.splits.len() + self.scattered.head.len()
+        )
+    }
+}
+
+impl ExecutionPlan for TraceLocalJoinExec {
+    fn name(&self) -> &str {
+        "TraceLocalJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left.plan, &self.right.plan]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // the scans are read block by block, whatever partitions are put above them
+        vec![false, false]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.join.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [left, right]: [Arc<dyn ExecutionPlan>; 2] = children.try_into().map_err(|_| {
+            DataFusionError::Internal("TraceLocalJoinExec takes two children".into())
+        })?;
+        let join = Arc::new(
+            self.join
+                .builder()
+                .with_new_children(vec![left, right])?
+                .build()?,
+        );
+        let partitions = self.partitions.len();
+        match Self::try_new(join.clone(), partitions, None)? {
+            Some(local) => Ok(Arc::new(local)),
+            // children it cannot read block by block (shared ones, say): the hash join
+            None => Ok(join),
+        }
+    }
+
+    fn partition_statistics(&self, _partition: Option<usize>) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let pairs = self.partitions.get(partition).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!("TraceLocalJoinExec: no partition {partition}"))
+        })?;
+        let batch_size = context.session_config().batch_size().max(1);
+        let join = Arc::new(Joiner::new(self)?);
+        let reservation = Arc::new(Mutex::new(
+            MemoryConsumer::new(format!("TraceLocalJoinExec[{partition}]"))
+                .register(context.memory_pool()),
+        ));
+        let metrics = Metrics {
+            joined: MetricBuilder::new(&self.metrics).global_counter("blocks_joined"),
+            alone: MetricBuilder::new(&self.metrics).global_counter("blocks_read_by_one_side"),
+            scattered: MetricBuilder::new(&self.metrics).global_counter("scattered_rows"),
+            output: MetricBuilder::new(&self.metrics).output_rows(partition),
+        };
+        let state = self.state.clone();
+        let total = self.partitions.len();
+        let schema = self.schema();
+        let head = partition == 0;
+        let blocks = {
+            let (join, reservation, metrics) = (join.clone(), reservation.clone(), metrics.clone());
+            let state = state.clone();
+            futures::stream::iter(pairs).then(move |pair| {
+                let (join, reservation, metrics) =
+                    (join.clone(), reservation.clone(), metrics.clone());
+                let state = state.clone();
+                async move {
+                    let work = move || join.block(pair, &state, &reservation, &metrics);
+                    tokio::task::spawn_blocking(work)
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?
+                }
+            })
+        };
+        let rest = futures::stream::once(async move {
+            if head {
+                let (l, r) = (join.left.read_head()?, join.right.read_head()?);
+                let res = lock(&reservation);
+                for b in l.iter().chain(&r) {
+                    res.try_grow(b.get_array_memory_size())?;
+                    metrics.scattered.add(b.num_rows());
+                }
+                drop(res);
+                lock(&state.left).extend(l);
+                lock(&state.right).extend(r);
+            }
+            // the last partition to finish its blocks joins the rows set aside by all
+            if state.finished.fetch_add(1, Ordering::AcqRel) + 1 < total {
+                return Ok(Vec::new());
+            }
+            let l = std::mem::take(&mut *lock(&state.left));
+            let r = std::mem::take(&mut *lock(&state.right));
+            let join = join.clone();
+            tokio::task::spawn_blocking(move || join.remainder(l, r, &metrics))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+        });
+        let stream = blocks.chain(rest).flat_map(
+            move |out: Result<Vec<RecordBatch>>| -> futures::stream::Iter<
+                std::vec::IntoIter<Result<RecordBatch>>,
+            > {
+                let pieces: Vec<Result<RecordBatch>> = match out {
+                    Err(e) => vec![Err(e)],
+                    Ok(batches) => batches
+                        .into_iter()
+                        .flat_map(|b| {
+                            let n = b.num_rows();
+                            (0..n.div_ceil(batch_size))
+                                .map(move |i| {
+                                    Ok(b.slice(i * batch_size, batch_size.min(n - i * batch_size)))
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .collect(),
+                };
+                futures::stream::iter(pieces)
+            },
+        );
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Clone)]
+struct Metrics {
+    joined: datafusion::physical_plan::metrics::Count,
+    alone: datafusion::physical_plan::metrics::Count,
+    scattered: datafusion::physical_plan::metrics::Count,
+    output: datafusion::physical_plan::metrics::Count,
+}
+
+/// The join's work on batches, shared by a partition's tasks.
+struct Joiner {
+    left: Side,
+    right: Side,
+    left_keys: Vec<Arc<dyn PhysicalExpr>>,
+    right_keys: Vec<Arc<dyn PhysicalExpr>>,
+    trace_key: usize,
+    scattered: Arc<Scattered>,
+    join: Arc<HashJoinExec>,
+    schema: SchemaRef,
+}
+
+/// A side's batch with what the join needs of it: the trace ids, the other keys as
+/// comparable rows, and which rows have no null key.
+struct Keyed {
+    batch: RecordBatch,
+    traces: ArrayRef,
+    others: Option<Rows>,
+    valid: Vec<bool>,
+}
+
+impl Keyed {
+    fn trace(&self, i: usize) -> &str {
+        match self.traces.data_type() {
+            DataType::Utf8View => self.traces.as_string_view().value(i),
+            _ => self.traces.as_string::<i32>().value(i),
+        }
+    }
+}
+
+impl Joiner {
+    fn new(exec: &TraceLocalJoinExec) -> Result<Self> {
+        Ok(Self {
+            left: exec.left.clone(),
+            right: exec.right.clone(),
+            left_keys: exec.keys(JoinSide::Left),
+            right_keys: exec.keys(JoinSide::Right),
+            trace_key: exec.trace_key,
+            scattered: exec.scattered.clone(),
+            join: exec.join.clone(),
+            schema: exec.schema(),
+        })
+    }
+
+    fn keyed(&self, batch: RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> Result<Keyed> {
+        let n = batch.num_rows();
+        let arrays = keys
+            .iter()
+            .map(|k| k.evaluate(&batch)?.into_array(n))
+            .collect::<Result<Vec<_>>>()?;
+        let traces = arrays[self.trace_key].clone();
+        let others: Vec<ArrayRef> = arrays
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.trace_key)
+            .map(|(_, a)| a.clone())
+            .collect();
+        let nulls_match = self.join.null_equality == NullEquality::NullEqualsNull;
+        let mut valid = vec![true; n];
+        for (i, a) in arrays.iter().enumerate() {
+            // a null trace id never matches; other keys as the join says
+            if i != self.trace_key && nulls_match {
+                continue;
+            }
+            if let Some(nulls) = a.logical_nulls() {
+                for (v, ok) in valid.iter_mut().zip(nulls.iter()) {
+                    *v &= ok;
+                }
+            }
+        }
+        let others = if others.is_empty() {
+            None
+        } else {
+            let converter = RowConverter::new(
+                others
+                    .iter()
+                    .map(|a| SortField::new(a.data_type().clone()))
+                    .collect(),
+            )?;
+            Some(converter.convert_columns(&others)?)
+        };
+        Ok(Keyed {
+            batch,
+            traces,
+            others,
+            valid,
+        })
+    }
+
+    /// Runs of equal trace ids, grouped by trace; the rows of scattered traces are set aside.
+    fn runs<'a>(&self, k: &'a Keyed, aside: &mut Vec<u32>) -> HashMap<&'a str, Vec<Range<u32>>> {
+        let mut out: HashMap<&str, Vec<Range<u32>>> = HashMap::new();
+        let n = k.batch.num_rows();
+        let mut start = 0;
+        while start < n {
+            let t = k.trace(start);
+            let mut end = start + 1;
+            while end < n && k.trace(end) == t {
+                end += 1;
+            }
+            if self.scattered.contains_hex(t) {
+                aside.extend(start as u32..end as u32);
+            } else {
+                out.entry(t).or_default().push(start as u32..end as u32);
+            }
+            start = end;
+        }
+        out
+    }
+
+    /// Pairs of rows of one trace whose other keys are equal.
+    fn pair(l: &Keyed, r: &Keyed, ls: &[u32], rs: &[u32], out: &mut (Vec<u32>, Vec<u32>)) {
+        let Some((lo, ro)) = l.others.as_ref().zip(r.others.as_ref()) else {
+            for &i in ls.iter().filter(|&&i| l.valid[i as usize]) {
+                for &j in rs.iter().filter(|&&j| r.valid[j as usize]) {
+                    out.0.push(i);
+                    out.1.push(j);
+                }
+            }
+            return;
+        };
+        if ls.len() * rs.len() <= 256 {
+            for &i in ls.iter().filter(|&&i| l.valid[i as usize]) {
+                let a = lo.row(i as usize);
+                for &j in rs.iter().filter(|&&j| r.valid[j as usize]) {
+                    if a == ro.row(j as usize) {
+                        out.0.push(i);
+                        out.1.push(j);
+                    }
+                }
+            }
+            return;
+        }
+        let mut by_key: HashMap<&[u8], Vec<u32>> = HashMap::new();
+        for &i in ls.iter().filter(|&&i| l.valid[i as usize]) {
+            by_key.entry(lo.row(i as usize).data()).or_default().push(i);
+        }
+        for &j in rs.iter().filter(|&&j| r.valid[j as usize]) {
+            if let Some(is) = by_key.get(ro.row(j as usize).data()) {
+                for &i in is {
+                    out.0.push(i);
+                    out.1.push(j);
+                }
+            }
+        }
+    }
+
+    /// The output rows of pairs (left row, right row): the join's filter applied, then its
+    /// projection.
+    fn output(&self, l: &Keyed, r: &Keyed, pairs: (Vec<u32>, Vec<u32>)) -> Result<RecordBatch> {
+        let (mut li, mut ri) = (UInt32Array::from(pairs.0), UInt32Array::from(pairs.1));
+        if let Some(filter) = &self.join.filter
+            && !li.is_empty()
+        {
+            let columns = filter
+                .column_indices()
+                .iter()
+                .map(|c| match c.side {
+                    JoinSide::Left => take(l.batch.column(c.index), &li, None),
+                    _ => take(r.batch.column(c.index), &ri, None),
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let n = li.len();
+            let batch = RecordBatch::try_new_with_options(
+                filter.schema().clone(),
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(n)),
+            )?;
+            let keep = filter.expression().evaluate(&batch)?.into_array(n)?;
+            let keep: BooleanArray = match keep.as_boolean_opt() {
+                // NULL is not true
+                Some(k) if k.null_count() > 0 => arrow::compute::prep_null_mask_filter(k),
+                Some(k) => k.clone(),
+                None => {
+                    return Err(DataFusionError::Internal(
+                        "join filter is not a boolean expression".into(),
+                    ));
+                }
+            };
+            li = arrow::compute::filter(&li, &keep)?.as_primitive().clone();
+            ri = arrow::compute::filter(&ri, &keep)?.as_primitive().clone();
+        }
+        let n_left = l.batch.num_columns();
+        let all: Vec<usize> = (0..n_left + r.batch.num_columns()).collect();
+        let wanted: &[usize] = match &self.join.projection {
+            Some(p) => p,
+            None => &all,
+        };
+        let columns = wanted
+            .iter()
+            .map(|&c| {
+                if c < n_left {
+                    take(l.batch.column(c), &li, None)
+                } else {
+                    take(r.batch.column(c - n_left), &ri, None)
+                }
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(li.len())),
+        )?)
+    }
+
+    /// One block: both sides' rows of its own traces joined, the scattered traces' rows set
+    /// aside.
+    fn block(
+        &self,
+        pair: Pair,
+        state: &RunState,
+        reservation: &Mutex<MemoryReservation>,
+        metrics: &Metrics,
+    ) -> Result<Vec<RecordBatch>> {
+        let read = |side: &Side, i: Option<usize>| -> Result<Option<RecordBatch>> {
+            let Some(i) = i else { return Ok(None) };
+            let work = &side.scan.blocks()[i];
+            if work.rows.len(work.meta.rows) == 0 {
+                return Ok(None);
+            }
+            side.read_block(work).map(Some)
+        };
+        let (l, r) = (read(&self.left, pair.left)?, read(&self.right, pair.right)?);
+        let (l, r) = match (l, r) {
+            (Some(l), Some(r)) => {
+                metrics.joined.add(1);
+                (
+                    self.keyed(l, &self.left_keys)?,
+                    self.keyed(r, &self.right_keys)?,
+                )
+            }
+            (l, r) => {
+                // one side only: its rows of scattered traces may meet the other's elsewhere
+                metrics.alone.add(1);
+                if let Some(l) = l {
+                    let l = self.keyed(l, &self.left_keys)?;
+                    let mut aside = Vec::new();
+                    self.runs(&l, &mut aside);
+                    self.set_aside(&l, aside, &state.left, reservation, metrics)?;
+                }
+                if let Some(r) = r {
+                    let r = self.keyed(r, &self.right_keys)?;
+                    let mut aside = Vec::new();
+                    self.runs(&r, &mut aside);
+                    self.set_aside(&r, aside, &state.right, reservation, metrics)?;
+                }
+                return Ok(Vec::new());
+            }
+        };
+        let (mut l_aside, mut r_aside) = (Vec::new(), Vec::new());
+        let l_runs = self.runs(&l, &mut l_aside);
+        let mut pairs = (Vec::new(), Vec::new());
+        // every row of a trace lies in one run in a block; the general case is kept
+        let n = r.batch.num_rows();
+        let mut start = 0;
+        let mut ls: Vec<u32> = Vec::new();
+        while start < n {
+            let t = r.trace(start);
+            let mut end = start + 1;
+            while end < n && r.trace(end) == t {
+                end += 1;
+            }
+            if self.scattered.contains_hex(t) {
+                r_aside.extend(start as u32..end as u32);
+            } else if let Some(runs) = l_runs.get(t) {
+                let rs: Vec<u32> = (start as u32..end as u32).collect();
+                ls.clear();
+                for run in runs {
+                    ls.extend(run.clone());
+                }
+                Self::pair(&l, &r, &ls, &rs, &mut pairs);
+            }
+            start = end;
+        }
+        self.set_aside(&l, l_aside, &state.left, reservation, metrics)?;
+        self.set_aside(&r, r_aside, &state.right, reservation, metrics)?;
+        let out = self.output(&l, &r, pairs)?;
+        metrics.output.add(out.num_rows());
+        Ok(vec![out])
+    }
+
+    fn set_aside(
+        &self,
+        k: &Keyed,
+        rows: Vec<u32>,
+        to: &Mutex<Vec<RecordBatch>>,
+        reservation: &Mutex<MemoryReservation>,
+        metrics: &Metrics,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let idx = UInt32Array::from(rows);
+        let columns = k
+            .batch
+            .columns()
+            .iter()
+            .map(|c| take(c, &idx, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let batch = RecordBatch::try_new_with_options(
+            k.batch.schema(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(idx.len())),
+        )?;
+        lock(reservation).try_grow(batch.get_array_memory_size())?;
+        metrics.scattered.add(idx.len());
+        lock(to).push(batch);
+        Ok(())
+    }
+
+    /// The scattered traces' rows of both sides (from every block and the head), joined
+    /// trace by trace.
+    fn remainder(
+        &self,
+        l: Vec<RecordBatch>,
+        r: Vec<RecordBatch>,
+        metrics: &Metrics,
+    ) -> Result<Vec<RecordBatch>> {
+        if l.is_empty() || r.is_empty() {
+            return Ok(Vec::new());
+        }
+        let l = concat_batches(&l[0].schema(), &l)?;
+        let r = concat_batches(&r[0].schema(), &r)?;
+        let (l, r) = (
+            self.keyed(l, &self.left_keys)?,
+            self.keyed(r, &self.right_keys)?,
+        );
+        let mut by_trace: HashMap<&str, Vec<u32>> = HashMap::new();
+        for i in 0..l.batch.num_rows() {
+            by_trace.entry(l.trace(i)).or_default().push(i as u32);
+        }
+        let mut r_by_trace: HashMap<&str, Vec<u32>> = HashMap::new();
+        for j in 0..r.batch.num_rows() {
+            r_by_trace.entry(r.trace(j)).or_default().push(j as u32);
+        }
+        let mut pairs = (Vec::new(), Vec::new());
+        for (t, rs) in &r_by_trace {
+            if let Some(ls) = by_trace.get(t) {
+                Self::pair(&l, &r, ls, rs, &mut pairs);
+            }
+        }
+        let out = self.output(&l, &r, pairs)?;
+        metrics.output.add(out.num_rows());
+        Ok(vec![out])
+    }
+}
