@@ -225,6 +225,18 @@ impl WeftScanExec {
         self.rows_of(None)
     }
 
+    /// Whether [`Self::rows_selected`] is near what the scan emits: it applies no row filter
+    /// but on the time columns (whose bounds already chose the blocks).
+    pub(super) fn rows_known(&self) -> bool {
+        self.row_filters.iter().all(|f| {
+            let columns = collect_columns(f);
+            !columns.is_empty()
+                && columns
+                    .iter()
+                    .all(|c| matches!(c.name(), "start_time" | "end_time"))
+        })
+    }
+
     pub(super) fn limit(&self) -> Option<usize> {
         self.limit
     }
@@ -410,7 +422,7 @@ const SMALL_SCAN_BLOCKS: usize = 32;
 
 /// Blocks (and a head) with at most this many selected rows are read on the scan's own task
 /// rather than on a blocking thread.
-const INLINE_READ_ROWS: usize = 1024;
+pub(super) const INLINE_READ_ROWS: usize = 1024;
 
 /// A copy of a column that holds much more memory than its rows use (a few rows decoded
 /// from pages whose buffers come along), so that operators keeping batches (a join's build

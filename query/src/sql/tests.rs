@@ -1044,6 +1044,24 @@ fn trace_local_joins_answer_as_datafusion_s_hash_join() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{plan}"));
     assert!(scattered > 0, "{plan}");
+    // a side whose scan is also read elsewhere (a CTE joined in two branches) keeps the hash
+    // join, the scan read once and shared
+    let sql = "WITH d AS (SELECT trace_id, duration_ns FROM spans WHERE name = 'llm.decode.token') SELECT v, count(*) FROM (SELECT g.name AS v FROM spans g JOIN d ON g.trace_id = d.trace_id UNION ALL SELECT g.kind AS v FROM spans g JOIN d ON g.trace_id = d.trace_id) GROUP BY v";
+    let plan = block_on(text_of(&f, &format!("EXPLAIN {sql}"), true));
+    assert!(
+        plan.contains("HashJoinExec") && plan.contains("SharedExec"),
+        "{plan}"
+    );
+    assert!(!plan.contains("TraceLocalJoinExec"), "{plan}");
+    assert_eq!(
+        sorted(block_on(rows(&f, sql, true)).unwrap()),
+        sorted(block_on(rows(&f, sql, false)).unwrap())
+    );
+    // so does a side that a filter other than on time may make small (a scan knows only an
+    // upper bound of its rows then)
+    let sql = "SELECT count(*) FROM spans c JOIN spans p ON c.trace_id = p.trace_id WHERE p.duration_ns > 60000000";
+    let plan = block_on(text_of(&f, &format!("EXPLAIN {sql}"), true));
+    assert!(plan.contains("HashJoinExec"), "{plan}");
     // a small side keeps the hash join, whose build side narrows the other scan's rows
     let sql = "SELECT count(*) FROM spans c JOIN spans p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id";
     let plan = block_on(text_of(&fixture(), &format!("EXPLAIN {sql}"), true));

@@ -16,10 +16,13 @@
 //! [`TraceLocalJoins`] puts it in place of an inner `HashJoinExec` when each side is a Weft
 //! scan of `spans` of the same snapshot under projections and filters only (repartitions and
 //! coalescing between them and the join are passed through), when the trace-id keys are the scan's
-//! own `trace_id` column, and when both sides select more than a few thousand rows: a
-//! smaller side is better served by the hash join, whose build side reaches the other scan as
-//! a list of trace ids that it looks up in the trace-id index. `EXPLAIN` shows it as
-//! `TraceLocalJoinExec`; if a later rule gives it children it cannot read block by block, it
+//! own `trace_id` column, and when both sides are known to select more than a few thousand
+//! rows (selected by indexes and time ranges; a scan with other filters knows only an upper
+//! bound): a smaller side is better served by the hash join, whose build side reaches the
+//! other scan as a list of trace ids that it looks up in the trace-id index. `EXPLAIN` shows it as
+//! `TraceLocalJoinExec`. A side whose scan also occurs elsewhere in the plan (a `WITH` table
+//! joined in several branches of a `UNION ALL`) keeps the hash join: that scan is then read
+//! once and shared by every use. If a later rule gives it children it cannot read block by block, it
 //! becomes the hash join it replaced.
 
 use std::collections::{HashMap, HashSet};
@@ -54,12 +57,13 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use futures::StreamExt;
+use rustc_hash::FxHashMap;
 use weft_storage::model::TraceId;
 use weft_storage::scan::BlockAddr;
 use weft_storage::store::Snapshot;
 
 use super::pushdown::BlockWork;
-use super::scan::WeftScanExec;
+use super::scan::{INLINE_READ_ROWS, WeftScanExec};
 
 /// The traces of one snapshot whose rows do not all lie in one block: split over blocks, or
 /// with rows in the head.
@@ -118,10 +122,30 @@ impl PhysicalOptimizerRule for TraceLocalJoins {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = config.execution.target_partitions.max(1);
+        // scans that occur more than once (a CTE used by several joins) are read once and
+        // shared (see `shared`): a trace-local join would read its own copy instead
+        let mut scans: HashMap<String, usize> = HashMap::new();
+        plan.apply(|node| {
+            if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
+                *scans.entry(scan.share_key()).or_default() += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
         plan.transform_up(|node| {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
+            let (Some(l), Some(r)) = (Side::of(&join.left), Side::of(&join.right)) else {
+                return Ok(Transformed::no(node));
+            };
+            let (l, r) = (l.scan.share_key(), r.scan.share_key());
+            let own = if l == r { 2 } else { 1 };
+            if [&l, &r]
+                .iter()
+                .any(|k| scans.get(*k).is_some_and(|&n| n > own))
+            {
+                return Ok(Transformed::no(node));
+            }
             // a copy of its own (a hash join cannot be cloned)
             let Ok(join) = join.builder().build() else {
                 return Ok(Transformed::no(node));
@@ -237,6 +261,11 @@ impl Side {
             };
             node = next;
         }
+    }
+
+    /// Whether the scan's row count is near the side's (see [`WeftScanExec::rows_known`]).
+    fn rows_known(&self) -> bool {
+        self.scan.rows_known() && !self.steps.iter().any(|s| matches!(s, Step::Filter(_)))
     }
 
     /// Whether `key`, an expression over the side's output, is the scan's `trace_id` column
@@ -366,8 +395,12 @@ impl TraceLocalJoinExec {
         if scattered.snapshot != other.snapshot {
             return Ok(None);
         }
+        // a side of few rows (or of rows a filter may make few: the scans know only upper
+        // bounds then) is the hash join's build side, and the other scan reads only its traces
         if let Some(min) = min_side_rows
-            && left.scan.rows_selected().min(right.scan.rows_selected()) <= min
+            && [&left, &right]
+                .iter()
+                .any(|s| s.scan.rows_selected() <= min || !s.rows_known())
         {
             return Ok(None);
         }
@@ -537,6 +570,7 @@ impl ExecutionPlan for TraceLocalJoinExec {
             alone: MetricBuilder::new(&self.metrics).global_counter("blocks_read_by_one_side"),
             scattered: MetricBuilder::new(&self.metrics).global_counter("scattered_rows"),
             output: MetricBuilder::new(&self.metrics).output_rows(partition),
+            compute: MetricBuilder::new(&self.metrics).elapsed_compute(partition),
         };
         let state = self.state.clone();
         let total = self.partitions.len();
@@ -550,7 +584,13 @@ impl ExecutionPlan for TraceLocalJoinExec {
                     (join.clone(), reservation.clone(), metrics.clone());
                 let state = state.clone();
                 async move {
+                    // a few rows (an index-served read) cost less than the hand-off to a
+                    // blocking thread
+                    let inline = join.selected(pair) <= INLINE_READ_ROWS;
                     let work = move || join.block(pair, &state, &reservation, &metrics);
+                    if inline {
+                        return work();
+                    }
                     tokio::task::spawn_blocking(work)
                         .await
                         .map_err(|e| DataFusionError::External(Box::new(e)))?
@@ -615,6 +655,18 @@ struct Metrics {
     alone: datafusion::physical_plan::metrics::Count,
     scattered: datafusion::physical_plan::metrics::Count,
     output: datafusion::physical_plan::metrics::Count,
+    compute: datafusion::physical_plan::metrics::Time,
+}
+
+/// No further run (see [`Runs`]).
+const NONE: u32 = u32::MAX;
+
+/// One side's runs of a block (see [`Joiner::runs`]).
+#[derive(Default)]
+struct Runs<'a> {
+    runs: Vec<Range<u32>>,
+    first: FxHashMap<&'a str, u32>,
+    next: Vec<u32>,
 }
 
 /// The join's work on batches, shared by a partition's tasks.
@@ -659,6 +711,17 @@ impl Joiner {
             join: exec.join.clone(),
             schema: exec.schema(),
         })
+    }
+
+    /// Rows both sides select in a block.
+    fn selected(&self, pair: Pair) -> usize {
+        let rows = |side: &Side, i: Option<usize>| {
+            i.map_or(0, |i| {
+                let w = &side.scan.blocks()[i];
+                w.rows.len(w.meta.rows)
+            })
+        };
+        rows(&self.left, pair.left) + rows(&self.right, pair.right)
     }
 
     fn keyed(&self, batch: RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> Result<Keyed> {
@@ -706,9 +769,11 @@ impl Joiner {
         })
     }
 
-    /// Runs of equal trace ids, grouped by trace; the rows of scattered traces are set aside.
-    fn runs<'a>(&self, k: &'a Keyed, aside: &mut Vec<u32>) -> HashMap<&'a str, Vec<Range<u32>>> {
-        let mut out: HashMap<&str, Vec<Range<u32>>> = HashMap::new();
+    /// Runs of equal trace ids (the rows of scattered traces set aside), and each trace's
+    /// first run; `next` links a trace's further runs (a block keeps a trace's rows together,
+    /// so there are none unless a block breaks that habit).
+    fn runs<'a>(&self, k: &'a Keyed, aside: &mut Vec<u32>) -> Runs<'a> {
+        let mut out = Runs::default();
         let n = k.batch.num_rows();
         let mut start = 0;
         while start < n {
@@ -720,7 +785,13 @@ impl Joiner {
             if self.scattered.contains_hex(t) {
                 aside.extend(start as u32..end as u32);
             } else {
-                out.entry(t).or_default().push(start as u32..end as u32);
+                let at = out.runs.len() as u32;
+                out.runs.push(start as u32..end as u32);
+                out.next.push(NONE);
+                if let Some(first) = out.first.insert(t, at) {
+                    // the new run goes first, the earlier ones after it
+                    out.next[at as usize] = first;
+                }
             }
             start = end;
         }
@@ -750,7 +821,7 @@ impl Joiner {
             }
             return;
         }
-        let mut by_key: HashMap<&[u8], Vec<u32>> = HashMap::new();
+        let mut by_key: FxHashMap<&[u8], Vec<u32>> = FxHashMap::default();
         for &i in ls.iter().filter(|&&i| l.valid[i as usize]) {
             by_key.entry(lo.row(i as usize).data()).or_default().push(i);
         }
@@ -831,6 +902,7 @@ impl Joiner {
         reservation: &Mutex<MemoryReservation>,
         metrics: &Metrics,
     ) -> Result<Vec<RecordBatch>> {
+        let _timer = metrics.compute.timer();
         let read = |side: &Side, i: Option<usize>| -> Result<Option<RecordBatch>> {
             let Some(i) = i else { return Ok(None) };
             let work = &side.scan.blocks()[i];
@@ -869,10 +941,9 @@ impl Joiner {
         let (mut l_aside, mut r_aside) = (Vec::new(), Vec::new());
         let l_runs = self.runs(&l, &mut l_aside);
         let mut pairs = (Vec::new(), Vec::new());
-        // every row of a trace lies in one run in a block; the general case is kept
         let n = r.batch.num_rows();
+        let rows: Vec<u32> = (0..l.batch.num_rows().max(n) as u32).collect();
         let mut start = 0;
-        let mut ls: Vec<u32> = Vec::new();
         while start < n {
             let t = r.trace(start);
             let mut end = start + 1;
@@ -881,13 +952,14 @@ impl Joiner {
             }
             if self.scattered.contains_hex(t) {
                 r_aside.extend(start as u32..end as u32);
-            } else if let Some(runs) = l_runs.get(t) {
-                let rs: Vec<u32> = (start as u32..end as u32).collect();
-                ls.clear();
-                for run in runs {
-                    ls.extend(run.clone());
+            } else {
+                let mut run = l_runs.first.get(t).copied().unwrap_or(NONE);
+                while run != NONE {
+                    let ls = &l_runs.runs[run as usize];
+                    let ls = &rows[ls.start as usize..ls.end as usize];
+                    Self::pair(&l, &r, ls, &rows[start..end], &mut pairs);
+                    run = l_runs.next[run as usize];
                 }
-                Self::pair(&l, &r, &ls, &rs, &mut pairs);
             }
             start = end;
         }
@@ -935,6 +1007,7 @@ impl Joiner {
         r: Vec<RecordBatch>,
         metrics: &Metrics,
     ) -> Result<Vec<RecordBatch>> {
+        let _timer = metrics.compute.timer();
         if l.is_empty() || r.is_empty() {
             return Ok(Vec::new());
         }
@@ -944,11 +1017,11 @@ impl Joiner {
             self.keyed(l, &self.left_keys)?,
             self.keyed(r, &self.right_keys)?,
         );
-        let mut by_trace: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut by_trace: FxHashMap<&str, Vec<u32>> = FxHashMap::default();
         for i in 0..l.batch.num_rows() {
             by_trace.entry(l.trace(i)).or_default().push(i as u32);
         }
-        let mut r_by_trace: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut r_by_trace: FxHashMap<&str, Vec<u32>> = FxHashMap::default();
         for j in 0..r.batch.num_rows() {
             r_by_trace.entry(r.trace(j)).or_default().push(j as u32);
         }
