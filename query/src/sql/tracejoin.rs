@@ -713,7 +713,8 @@ impl Joiner {
         })
     }
 
-    /// Rows both sides select in a block.
+    /// Rows the larger side selects in a block (each side's read is what a scan reads inline
+    /// or on a blocking thread).
     fn selected(&self, pair: Pair) -> usize {
         let rows = |side: &Side, i: Option<usize>| {
             i.map_or(0, |i| {
@@ -721,7 +722,7 @@ impl Joiner {
                 w.rows.len(w.meta.rows)
             })
         };
-        rows(&self.left, pair.left) + rows(&self.right, pair.right)
+        rows(&self.left, pair.left).max(rows(&self.right, pair.right))
     }
 
     fn keyed(&self, batch: RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> Result<Keyed> {
