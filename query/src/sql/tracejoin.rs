@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
-use arrow::compute::{concat_batches, take};
+use arrow::compute::{concat_batches, take, take_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -122,8 +122,6 @@ impl PhysicalOptimizerRule for TraceLocalJoins {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = config.execution.target_partitions.max(1);
-        // scans that occur more than once (a CTE used by several joins) are read once and
-        // shared (see `shared`): a trace-local join would read its own copy instead
         let mut scans: HashMap<String, usize> = HashMap::new();
         plan.apply(|node| {
             if let Some(scan) = node.downcast_ref::<WeftScanExec>() {
@@ -135,23 +133,16 @@ impl PhysicalOptimizerRule for TraceLocalJoins {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
-            let (Some(l), Some(r)) = (Side::of(&join.left), Side::of(&join.right)) else {
-                return Ok(Transformed::no(node));
-            };
-            let (l, r) = (l.scan.share_key(), r.scan.share_key());
-            let own = if l == r { 2 } else { 1 };
-            if [&l, &r]
-                .iter()
-                .any(|k| scans.get(*k).is_some_and(|&n| n > own))
-            {
-                return Ok(Transformed::no(node));
-            }
             // a copy of its own (a hash join cannot be cloned)
             let Ok(join) = join.builder().build() else {
                 return Ok(Transformed::no(node));
             };
             let join = Arc::new(join);
-            match TraceLocalJoinExec::try_new(join, partitions, Some(self.min_side_rows))? {
+            let decline = Decline {
+                min_side_rows: self.min_side_rows,
+                scans: &scans,
+            };
+            match TraceLocalJoinExec::try_new(join, partitions, Some(decline))? {
                 Some(local) => Ok(Transformed::yes(Arc::new(local) as Arc<dyn ExecutionPlan>)),
                 None => Ok(Transformed::no(node)),
             }
@@ -166,6 +157,13 @@ impl PhysicalOptimizerRule for TraceLocalJoins {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// What makes the rule keep a hash join (see [`TraceLocalJoinExec::try_new`]).
+struct Decline<'a> {
+    min_side_rows: usize,
+    /// How often each scan (by its share key) occurs in the plan.
+    scans: &'a HashMap<String, usize>,
 }
 
 /// An operator between a side's scan and the join, applied to each batch the scan reads.
@@ -340,7 +338,20 @@ struct Pair {
 struct RunState {
     left: Mutex<Vec<RecordBatch>>,
     right: Mutex<Vec<RecordBatch>>,
+    /// The set-aside rows' memory, registered by the first partition to run.
+    reservation: Mutex<Option<MemoryReservation>>,
     finished: AtomicUsize,
+}
+
+impl RunState {
+    /// Counts `batch` against the query's memory and keeps it for the remainder.
+    fn keep(&self, batch: RecordBatch, to: &Mutex<Vec<RecordBatch>>) -> Result<()> {
+        if let Some(r) = lock(&self.reservation).as_ref() {
+            r.try_grow(batch.get_array_memory_size())?;
+        }
+        lock(to).push(batch);
+        Ok(())
+    }
 }
 
 /// See the module documentation.
@@ -362,13 +373,13 @@ pub struct TraceLocalJoinExec {
 
 impl TraceLocalJoinExec {
     /// The trace-local form of `join`, when it has one (see the module documentation);
-    /// With `min_side_rows`, a side that selects at most that many rows declines and there
-    /// are at most as many partitions as blocks; without (the same join given new children),
-    /// exactly `partitions` partitions, whatever the sides' sizes.
+    /// With `decline` (the rule), a side that is small or may be, or whose scan occurs
+    /// elsewhere in the plan, keeps the hash join, and there are at most as many partitions as
+    /// blocks; without (the same join given new children), exactly `partitions` partitions.
     fn try_new(
         join: Arc<HashJoinExec>,
         partitions: usize,
-        min_side_rows: Option<usize>,
+        decline: Option<Decline<'_>>,
     ) -> Result<Option<Self>> {
         if join.join_type != JoinType::Inner || join.fetch().is_some() {
             return Ok(None);
@@ -389,19 +400,31 @@ impl TraceLocalJoinExec {
                 return Ok(None);
             }
         }
+        if let Some(d) = &decline {
+            // a side of few rows (or of rows a filter may make few: the scans know only upper
+            // bounds then) is the hash join's build side, and the other scan reads only its
+            // traces
+            if [&left, &right]
+                .iter()
+                .any(|s| s.scan.rows_selected() <= d.min_side_rows || !s.rows_known())
+            {
+                return Ok(None);
+            }
+            // scans that occur more than once (a CTE used by several joins) are read once and
+            // shared (see `shared`): a trace-local join would read its own copy instead
+            let (l, r) = (left.scan.share_key(), right.scan.share_key());
+            let own = if l == r { 2 } else { 1 };
+            if [&l, &r]
+                .iter()
+                .any(|k| d.scans.get(*k).is_some_and(|&n| n > own))
+            {
+                return Ok(None);
+            }
+        }
         let (Some(scattered), Some(other)) = (left.scan.scattered(), right.scan.scattered()) else {
             return Ok(None);
         };
         if scattered.snapshot != other.snapshot {
-            return Ok(None);
-        }
-        // a side of few rows (or of rows a filter may make few: the scans know only upper
-        // bounds then) is the hash join's build side, and the other scan reads only its traces
-        if let Some(min) = min_side_rows
-            && [&left, &right]
-                .iter()
-                .any(|s| s.scan.rows_selected() <= min || !s.rows_known())
-        {
             return Ok(None);
         }
         // blocks in the order the scans read them (newest first), each side's index
@@ -427,7 +450,7 @@ impl TraceLocalJoinExec {
         if scattered.is_empty() {
             pairs.retain(|p| p.left.is_some() && p.right.is_some());
         }
-        let n = match min_side_rows {
+        let n = match decline {
             None => partitions.max(1),
             Some(_) => partitions.clamp(1, pairs.len().max(1)),
         };
@@ -561,10 +584,9 @@ impl ExecutionPlan for TraceLocalJoinExec {
         })?;
         let batch_size = context.session_config().batch_size().max(1);
         let join = Arc::new(Joiner::new(self)?);
-        let reservation = Arc::new(Mutex::new(
-            MemoryConsumer::new(format!("TraceLocalJoinExec[{partition}]"))
-                .register(context.memory_pool()),
-        ));
+        lock(&self.state.reservation).get_or_insert_with(|| {
+            MemoryConsumer::new("TraceLocalJoinExec").register(context.memory_pool())
+        });
         let metrics = Metrics {
             joined: MetricBuilder::new(&self.metrics).global_counter("blocks_joined"),
             alone: MetricBuilder::new(&self.metrics).global_counter("blocks_read_by_one_side"),
@@ -577,17 +599,14 @@ impl ExecutionPlan for TraceLocalJoinExec {
         let schema = self.schema();
         let head = partition == 0;
         let blocks = {
-            let (join, reservation, metrics) = (join.clone(), reservation.clone(), metrics.clone());
-            let state = state.clone();
+            let (join, metrics, state) = (join.clone(), metrics.clone(), state.clone());
             futures::stream::iter(pairs).then(move |pair| {
-                let (join, reservation, metrics) =
-                    (join.clone(), reservation.clone(), metrics.clone());
-                let state = state.clone();
+                let (join, metrics, state) = (join.clone(), metrics.clone(), state.clone());
                 async move {
                     // a few rows (an index-served read) cost less than the hand-off to a
                     // blocking thread
                     let inline = join.selected(pair) <= INLINE_READ_ROWS;
-                    let work = move || join.block(pair, &state, &reservation, &metrics);
+                    let work = move || join.block(pair, &state, &metrics);
                     if inline {
                         return work();
                     }
@@ -599,15 +618,14 @@ impl ExecutionPlan for TraceLocalJoinExec {
         };
         let rest = futures::stream::once(async move {
             if head {
-                let (l, r) = (join.left.read_head()?, join.right.read_head()?);
-                let res = lock(&reservation);
-                for b in l.iter().chain(&r) {
-                    res.try_grow(b.get_array_memory_size())?;
+                for b in join.left.read_head()? {
                     metrics.scattered.add(b.num_rows());
+                    state.keep(b, &state.left)?;
                 }
-                drop(res);
-                lock(&state.left).extend(l);
-                lock(&state.right).extend(r);
+                for b in join.right.read_head()? {
+                    metrics.scattered.add(b.num_rows());
+                    state.keep(b, &state.right)?;
+                }
             }
             // the last partition to finish its blocks joins the rows set aside by all
             if state.finished.fetch_add(1, Ordering::AcqRel) + 1 < total {
@@ -615,10 +633,13 @@ impl ExecutionPlan for TraceLocalJoinExec {
             }
             let l = std::mem::take(&mut *lock(&state.left));
             let r = std::mem::take(&mut *lock(&state.right));
-            let join = join.clone();
-            tokio::task::spawn_blocking(move || join.remainder(l, r, &metrics))
+            let out = tokio::task::spawn_blocking(move || join.remainder(l, r, &metrics))
                 .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            if let Some(r) = lock(&state.reservation).as_mut() {
+                r.free();
+            }
+            out
         });
         let stream = blocks.chain(rest).flat_map(
             move |out: Result<Vec<RecordBatch>>| -> futures::stream::Iter<
@@ -770,11 +791,14 @@ impl Joiner {
         })
     }
 
-    /// Runs of equal trace ids (the rows of scattered traces set aside), and each trace's
-    /// first run; `next` links a trace's further runs (a block keeps a trace's rows together,
-    /// so there are none unless a block breaks that habit).
-    fn runs<'a>(&self, k: &'a Keyed, aside: &mut Vec<u32>) -> Runs<'a> {
-        let mut out = Runs::default();
+    /// Calls `f` with each run of equal trace ids of a block's side whose trace lies in the
+    /// block; the rows of scattered traces go to `aside`.
+    fn local_runs<'a>(
+        &self,
+        k: &'a Keyed,
+        aside: &mut Vec<u32>,
+        mut f: impl FnMut(&'a str, Range<usize>),
+    ) {
         let n = k.batch.num_rows();
         let mut start = 0;
         while start < n {
@@ -786,16 +810,26 @@ impl Joiner {
             if self.scattered.contains_hex(t) {
                 aside.extend(start as u32..end as u32);
             } else {
-                let at = out.runs.len() as u32;
-                out.runs.push(start as u32..end as u32);
-                out.next.push(NONE);
-                if let Some(first) = out.first.insert(t, at) {
-                    // the new run goes first, the earlier ones after it
-                    out.next[at as usize] = first;
-                }
+                f(t, start..end);
             }
             start = end;
         }
+    }
+
+    /// A side's local runs, and each trace's first run; `next` links a trace's further runs
+    /// (a block keeps a trace's rows together, so there are none unless a block breaks that
+    /// habit).
+    fn runs<'a>(&self, k: &'a Keyed, aside: &mut Vec<u32>) -> Runs<'a> {
+        let mut out = Runs::default();
+        self.local_runs(k, aside, |t, rows| {
+            let at = out.runs.len() as u32;
+            out.runs.push(rows.start as u32..rows.end as u32);
+            out.next.push(NONE);
+            if let Some(first) = out.first.insert(t, at) {
+                // the new run goes first, the earlier ones after it
+                out.next[at as usize] = first;
+            }
+        });
         out
     }
 
@@ -896,13 +930,7 @@ impl Joiner {
 
     /// One block: both sides' rows of its own traces joined, the scattered traces' rows set
     /// aside.
-    fn block(
-        &self,
-        pair: Pair,
-        state: &RunState,
-        reservation: &Mutex<MemoryReservation>,
-        metrics: &Metrics,
-    ) -> Result<Vec<RecordBatch>> {
+    fn block(&self, pair: Pair, state: &RunState, metrics: &Metrics) -> Result<Vec<RecordBatch>> {
         let _timer = metrics.compute.timer();
         let read = |side: &Side, i: Option<usize>| -> Result<Option<RecordBatch>> {
             let Some(i) = i else { return Ok(None) };
@@ -924,17 +952,17 @@ impl Joiner {
             (l, r) => {
                 // one side only: its rows of scattered traces may meet the other's elsewhere
                 metrics.alone.add(1);
-                if let Some(l) = l {
-                    let l = self.keyed(l, &self.left_keys)?;
-                    let mut aside = Vec::new();
-                    self.runs(&l, &mut aside);
-                    self.set_aside(&l, aside, &state.left, reservation, metrics)?;
-                }
-                if let Some(r) = r {
-                    let r = self.keyed(r, &self.right_keys)?;
-                    let mut aside = Vec::new();
-                    self.runs(&r, &mut aside);
-                    self.set_aside(&r, aside, &state.right, reservation, metrics)?;
+                let sides = [
+                    (l, &self.left_keys, &state.left),
+                    (r, &self.right_keys, &state.right),
+                ];
+                for (batch, keys, to) in sides {
+                    if let Some(batch) = batch {
+                        let k = self.keyed(batch, keys)?;
+                        let mut aside = Vec::new();
+                        self.local_runs(&k, &mut aside, |_, _| {});
+                        self.set_aside(&k, aside, state, to, metrics)?;
+                    }
                 }
                 return Ok(Vec::new());
             }
@@ -942,30 +970,18 @@ impl Joiner {
         let (mut l_aside, mut r_aside) = (Vec::new(), Vec::new());
         let l_runs = self.runs(&l, &mut l_aside);
         let mut pairs = (Vec::new(), Vec::new());
-        let n = r.batch.num_rows();
-        let rows: Vec<u32> = (0..l.batch.num_rows().max(n) as u32).collect();
-        let mut start = 0;
-        while start < n {
-            let t = r.trace(start);
-            let mut end = start + 1;
-            while end < n && r.trace(end) == t {
-                end += 1;
+        let rows: Vec<u32> = (0..l.batch.num_rows().max(r.batch.num_rows()) as u32).collect();
+        self.local_runs(&r, &mut r_aside, |t, rs| {
+            let mut run = l_runs.first.get(t).copied().unwrap_or(NONE);
+            while run != NONE {
+                let ls = &l_runs.runs[run as usize];
+                let ls = &rows[ls.start as usize..ls.end as usize];
+                Self::pair(&l, &r, ls, &rows[rs.clone()], &mut pairs);
+                run = l_runs.next[run as usize];
             }
-            if self.scattered.contains_hex(t) {
-                r_aside.extend(start as u32..end as u32);
-            } else {
-                let mut run = l_runs.first.get(t).copied().unwrap_or(NONE);
-                while run != NONE {
-                    let ls = &l_runs.runs[run as usize];
-                    let ls = &rows[ls.start as usize..ls.end as usize];
-                    Self::pair(&l, &r, ls, &rows[start..end], &mut pairs);
-                    run = l_runs.next[run as usize];
-                }
-            }
-            start = end;
-        }
-        self.set_aside(&l, l_aside, &state.left, reservation, metrics)?;
-        self.set_aside(&r, r_aside, &state.right, reservation, metrics)?;
+        });
+        self.set_aside(&l, l_aside, state, &state.left, metrics)?;
+        self.set_aside(&r, r_aside, state, &state.right, metrics)?;
         let out = self.output(&l, &r, pairs)?;
         metrics.output.add(out.num_rows());
         Ok(vec![out])
@@ -975,29 +991,16 @@ impl Joiner {
         &self,
         k: &Keyed,
         rows: Vec<u32>,
+        state: &RunState,
         to: &Mutex<Vec<RecordBatch>>,
-        reservation: &Mutex<MemoryReservation>,
         metrics: &Metrics,
     ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
-        let idx = UInt32Array::from(rows);
-        let columns = k
-            .batch
-            .columns()
-            .iter()
-            .map(|c| take(c, &idx, None))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let batch = RecordBatch::try_new_with_options(
-            k.batch.schema(),
-            columns,
-            &RecordBatchOptions::new().with_row_count(Some(idx.len())),
-        )?;
-        lock(reservation).try_grow(batch.get_array_memory_size())?;
-        metrics.scattered.add(idx.len());
-        lock(to).push(batch);
-        Ok(())
+        metrics.scattered.add(rows.len());
+        let batch = take_record_batch(&k.batch, &UInt32Array::from(rows))?;
+        state.keep(batch, to)
     }
 
     /// The scattered traces' rows of both sides (from every block and the head), joined
