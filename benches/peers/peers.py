@@ -97,8 +97,14 @@ def chdb_engine(parquet, workdir, table):
 
     def run(sql):
         out = s.query(sql + " SETTINGS output_format_json_quote_64bit_integers = 0, session_timezone = 'UTC'", "JSONCompact")
-        doc = json.loads(out.bytes().decode() or "{}")
-        return [[norm(v) for v in r] for r in doc.get("data", [])]
+        text = out.bytes().decode()
+        # chDB may answer a large result as several documents, one after another
+        rows, at, decoder = [], 0, json.JSONDecoder()
+        while text[at:].strip():
+            at = len(text) - len(text[at:].lstrip())
+            doc, at = decoder.raw_decode(text, at)
+            rows.extend(doc.get("data", []))
+        return [[norm(v) for v in r] for r in rows]
 
     return rows, size, run, s.close
 

@@ -6,8 +6,10 @@
 //! errors, Poisson arrivals and optional injected anomalies. The `weft-bench` binary writes it
 //! as OTLP request files or Parquet, sends it to a server, and measures ingest and lookups;
 //! [`peers`] runs the canonical SQL queries on Weft, DuckDB and chDB over the same data;
+//! [`analytics_bench`] asks the analytics endpoints and the peers the same questions;
 //! [`logs`] makes the requests' logs; [`metrics`] the fleet's GPU and engine metrics.
 
+pub mod analytics_bench;
 pub mod client;
 pub mod files;
 pub mod generator;

@@ -211,6 +211,24 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         logs: usize,
     },
+    /// The LLM analytics endpoints (operation graph, heatmap, percentiles, dimension lineage,
+    /// anomaly scans) on generated data, the same questions asked of DuckDB and chDB in SQL,
+    /// answers compared, times as ratios.
+    Analytics {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The weft binary (default: next to this one).
+        #[arg(long)]
+        weft: Option<PathBuf>,
+        /// Python with duckdb and chdb installed (benches/peers/requirements.txt).
+        #[arg(long, default_value = ".venv/bin/python")]
+        python: PathBuf,
+        /// Timed runs per question, after one warm-up; the best is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+    },
     /// The canonical peer queries against a running Weft holding the generated data (same
     /// --spans/--seed), Weft only: times over HTTP and PostgreSQL wire, for profiling.
     Queries {
@@ -351,6 +369,13 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }),
+        Cmd::Analytics {
+            data,
+            weft,
+            python,
+            runs,
+            concurrency,
+        } => rt.block_on(analytics(&data, weft, &python, runs, concurrency)),
         Cmd::Metrics {
             workers,
             gpus,
@@ -989,4 +1014,70 @@ impl PeerRun<'_> {
         anyhow::ensure!(agree, "answers differ between engines (see above)");
         Ok(())
     }
+}
+
+/// `weft-bench analytics`: the data in Weft and in Parquet, the analytics questions asked of
+/// Weft's endpoints (server restarted on the compacted store) and of the peers in SQL.
+async fn analytics(
+    data: &DataArgs,
+    weft: Option<PathBuf>,
+    python: &Path,
+    runs: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    use weft_bench::analytics_bench as a;
+    let bin = weft_binary(weft)?;
+    let temp = tempfile::tempdir()?;
+    let dir = temp.path().join("weft");
+    let parquet = temp.path().join("spans.parquet");
+    println!("generating {} spans (seed {})...", data.spans, data.seed);
+    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
+    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    let report = send(
+        &server.otlp,
+        streamed(data),
+        "/v1/traces",
+        concurrency,
+        0.0,
+        None,
+    )
+    .await?;
+    println!("weft ingest: {report}");
+    terminate(&mut server)?;
+    drop(compacted(&dir)?);
+    let params = weft_bench::peers::Params::choose(&data.config());
+    let questions = a::questions(&params);
+    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
+    println!(
+        "asking weft {} questions ({runs} runs each after a warm-up)...",
+        questions.len()
+    );
+    let weft_answers = a::run_weft(&server.http, &questions, runs).await?;
+    terminate(&mut server)?;
+    for q in &questions {
+        let w = &weft_answers[q.id];
+        println!(
+            "weft {:<4} {:>7} rows  {:>9.2} ms{}  {}",
+            q.id,
+            w.rows.as_ref().map_or(0, Vec::len),
+            w.ms,
+            if w.partial { " (partial)" } else { "" },
+            q.what
+        );
+    }
+    println!("loading duckdb and chdb and asking the same questions...");
+    let work = parquet.with_extension("peers");
+    std::fs::create_dir_all(&work)?;
+    let peers = weft_bench::peers::run_peers(
+        python,
+        &parquet,
+        "spans",
+        &a::peer_queries(&questions),
+        runs,
+        &work,
+    )?;
+    println!("{rows} spans, range {}..{} ns", params.t0, params.t1);
+    let agree = a::report(&questions, &weft_answers, &peers);
+    anyhow::ensure!(agree, "answers differ between engines (see above)");
+    Ok(())
 }

@@ -104,7 +104,7 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
     };
     let nodes_q = format!(
         "SELECT {key}, count(*), sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END), \
-         approx_percentile_cont(duration_ns, 0.5), approx_percentile_cont(duration_ns, 0.99), \
+         percentile_cont(duration_ns, 0.5), percentile_cont(duration_ns, 0.99), \
          sum(CAST(duration_ns AS DOUBLE)) FROM spans {filter} GROUP BY 1, 2"
     );
     // roots and parents: any service and operation, in the same range and requests
@@ -115,8 +115,9 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
         "SELECT sum(CAST(duration_ns AS DOUBLE)) FROM spans {}",
         any_op.where_clause(&["parent_span_id IS NULL".into()])?
     );
-    // edges: each child with its parent in the same trace
-    let child_filter = p.where_clause(&["parent_span_id IS NOT NULL".into()])?;
+    // edges: each child with its parent in the same trace (a root has no parent to match;
+    // the join leaves it out, and a side filtered only by time is joined trace by trace)
+    let child_filter = p.where_clause(&[])?;
     let parent_filter = any_op.where_clause(&[])?;
     let columns = if services {
         "service_name"
@@ -126,7 +127,7 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
     let edges_q = format!(
         "WITH c AS (SELECT trace_id, parent_span_id, {columns}, duration_ns FROM spans {child_filter}), \
          p AS (SELECT trace_id, span_id, {columns} FROM spans {parent_filter}) \
-         SELECT {key_p}, {key_c}, count(*), approx_percentile_cont(c.duration_ns, 0.99) \
+         SELECT {key_p}, {key_c}, count(*), percentile_cont(c.duration_ns, 0.99) \
          FROM c JOIN p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id \
          {same} GROUP BY 1, 2, 3, 4",
         same = if services {
@@ -280,9 +281,9 @@ pub const DEFAULT_DIMS: &[&str] = &[
     "gpu.id",
 ];
 
-/// Which combinations of `dims` served the selected requests: requests (traces), spans
-/// (every span of those requests, the decode tokens too), p50 / p99 and error rate of the
-/// request spans. The indexed LLM dimensions are read from the request columns (a token span
+/// Which combinations of `dims` served the selected requests: requests (traces with a request
+/// span of the combination), spans (every span of those requests, the decode tokens too),
+/// p50 / p99 and error rate of the request spans. The indexed LLM dimensions are read from the request columns (a token span
 /// counts under its own request's values); other attributes are those of the request span.
 pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> {
     let dims = p.list_or("dims", DEFAULT_DIMS);
@@ -297,16 +298,27 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
     let keys = keys.trim_start_matches(", ");
     let request = format!("({REQUEST_SPANS})");
     let query = if all_inherited {
-        // every span of a request carries the request's values: one pass
+        // every span of a request carries the request's values: the spans counted by their
+        // request columns alone (no per-row trace id), the requests over the request spans,
+        // the two joined by group
         let any: Vec<String> = exprs.iter().map(|e| format!("{e} IS NOT NULL")).collect();
         let filter = p.where_clause(&[format!("({})", any.join(" OR "))])?;
+        let req_filter = p.where_clause(&[format!("({})", any.join(" OR ")), request.clone()])?;
+        let on: Vec<String> = (0..exprs.len())
+            .map(|i| format!("(s.g{i} IS NOT DISTINCT FROM r.g{i})"))
+            .collect();
+        let s_keys: Vec<String> = (0..exprs.len()).map(|i| format!("s.g{i}")).collect();
         format!(
-            "SELECT {keys}, count(DISTINCT trace_id), count(*), \
-             approx_percentile_cont(CASE WHEN r THEN duration_ns END, 0.5), \
-             approx_percentile_cont(CASE WHEN r THEN duration_ns END, 0.99), \
-             sum(CASE WHEN r AND status_code = 'ERROR' THEN 1 ELSE 0 END), sum(CASE WHEN r THEN 1 ELSE 0 END) \
-             FROM (SELECT trace_id{cols}, duration_ns, status_code, {request} AS r FROM spans {filter}) \
-             GROUP BY {keys}"
+            "WITH s AS (SELECT {keys}, count(*) AS n FROM (SELECT {} FROM spans {filter}) GROUP BY {keys}), \
+             r AS (SELECT {keys}, count(DISTINCT trace_id) AS requests, \
+             percentile_cont(duration_ns, 0.5) AS p50, percentile_cont(duration_ns, 0.99) AS p99, \
+             sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END) AS errors, count(*) AS reqs \
+             FROM (SELECT trace_id{cols}, duration_ns, status_code FROM spans {req_filter}) GROUP BY {keys}) \
+             SELECT {}, COALESCE(r.requests, 0), s.n, r.p50, r.p99, COALESCE(r.errors, 0), COALESCE(r.reqs, 0) \
+             FROM s LEFT JOIN r ON {}",
+            cols.trim_start_matches(", "),
+            s_keys.join(", "),
+            on.join(" AND ")
         )
     } else {
         // attributes of the request span: the request spans, and the spans of their traces
@@ -316,7 +328,7 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
             "WITH r AS (SELECT trace_id{cols}, duration_ns, status_code FROM spans {filter}), \
              n AS (SELECT trace_id, count(*) AS n FROM spans {all} GROUP BY trace_id) \
              SELECT {keys}, count(DISTINCT r.trace_id), CAST(sum(COALESCE(n.n, 0)) AS BIGINT), \
-             approx_percentile_cont(duration_ns, 0.5), approx_percentile_cont(duration_ns, 0.99), \
+             percentile_cont(duration_ns, 0.5), percentile_cont(duration_ns, 0.99), \
              sum(CASE WHEN status_code = 'ERROR' THEN 1 ELSE 0 END), count(*) \
              FROM r LEFT JOIN n ON r.trace_id = n.trace_id GROUP BY {keys}"
         )

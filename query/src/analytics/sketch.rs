@@ -55,20 +55,30 @@ impl Sketch {
         self.count
     }
 
-    /// The `q` quantile (0 ≤ q ≤ 1), by the lower rank `q · (n − 1)`.
+    /// The `q` quantile (0 ≤ q ≤ 1) as `percentile_cont` defines it: at rank `q · (n − 1)`,
+    /// interpolated between the values of the ranks either side. Each of those is read from
+    /// its bin (within α), so the interpolation is within α of the exact one.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         if self.count == 0 {
             return None;
         }
-        let rank = (q.clamp(0.0, 1.0) * (self.count - 1) as f64).floor() as u64;
+        let rank = q.clamp(0.0, 1.0) * (self.count - 1) as f64;
+        let (lo, hi) = (rank.floor() as u64, rank.ceil() as u64);
+        let (mut at_lo, mut at_hi) = (None, None);
         let mut seen = 0;
         for (b, n) in &self.bins {
             seen += n;
-            if seen > rank {
-                return Some(bin_value(*b));
+            if at_lo.is_none() && seen > lo {
+                at_lo = Some(bin_value(*b));
+            }
+            if seen > hi {
+                at_hi = Some(bin_value(*b));
+                break;
             }
         }
-        self.bins.keys().last().map(|b| bin_value(*b))
+        let last = self.bins.keys().last().map(|b| bin_value(*b));
+        let (a, b) = (at_lo.or(last)?, at_hi.or(last)?);
+        Some(a + (rank - lo as f64) * (b - a))
     }
 }
 
@@ -83,14 +93,24 @@ mod tests {
         for v in &values {
             s.add((v.ln() / gamma().ln()).ceil() as i64, 1);
         }
-        for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
-            let exact = values[(q * (values.len() - 1) as f64).floor() as usize];
+        for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
+            // percentile_cont: interpolated between the ranks either side
+            let rank = q * (values.len() - 1) as f64;
+            let (lo, hi) = (values[rank.floor() as usize], values[rank.ceil() as usize]);
+            let exact = lo + (rank - rank.floor()) * (hi - lo);
             let got = s.quantile(q).unwrap();
             assert!(
                 (got - exact).abs() <= RELATIVE_ERROR * exact + 1e-12,
                 "q {q}: {got} vs {exact}"
             );
         }
+        // two values far apart: the median is halfway, not either value
+        let mut two = Sketch::default();
+        for v in [10.0f64, 1000.0] {
+            two.add((v.ln() / gamma().ln()).ceil() as i64, 1);
+        }
+        let m = two.quantile(0.5).unwrap();
+        assert!((m - 505.0).abs() <= RELATIVE_ERROR * 505.0, "{m}");
         assert_eq!(Sketch::default().quantile(0.5), None);
     }
 }

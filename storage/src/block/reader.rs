@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, BooleanArray, FixedSizeBinaryArray, Float64Array,
-    Int64Array, ListArray, StringArray, UInt32Array,
+    Int64Array, ListArray, StringArray, StringViewArray, UInt32Array,
 };
 use arrow::buffer::ScalarBuffer;
+use arrow::datatypes::DataType;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringBitmap;
@@ -757,9 +758,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(arrow::compute::take(&terms, &keys, None)?))
     }
 
-    /// The term each of `rows` holds in postings dimension `dim`, as text (null where it holds
-    /// none): for dimensions that only postings keep, such as the request dimensions.
-    pub fn postings_terms(&self, dim: &str, rows: &Rows) -> Result<ArrayRef> {
+    /// The term each of `rows` holds in postings dimension `dim` (null where it holds none),
+    /// as type `ty` (text as string views): for dimensions that only postings keep, such as the
+    /// request dimensions. The terms are converted once and each row takes its term's value
+    /// (a view, not a copy of the text).
+    pub fn postings_terms(&self, dim: &str, rows: &Rows, ty: &DataType) -> Result<ArrayRef> {
         let n = rows.len(self.meta.rows);
         let postings = self.source.postings(dim)?.unwrap_or_default();
         let mut keys: Vec<Option<u32>> = vec![None; n];
@@ -779,7 +782,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 }
             }
         }
-        let terms = StringArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
+        let terms = StringViewArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
+        let terms = arrow::compute::cast(&terms, ty)?;
         Ok(arrow::compute::take(
             &terms,
             &UInt32Array::from(keys),

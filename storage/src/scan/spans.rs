@@ -443,8 +443,7 @@ pub fn read_block<S: ChunkSource>(
             SpanCol::Request(i) => {
                 // from the block's postings; rows whose ancestor is elsewhere are fixed by
                 // the caller (the query crate's request columns)
-                let terms = reader.postings_terms(request_dim_name(*i), rows)?;
-                cast(&terms, field.data_type())?
+                reader.postings_terms(request_dim_name(*i), rows, field.data_type())?
             }
             SpanCol::Dedicated(i) => {
                 let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[*i].name);

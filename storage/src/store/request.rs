@@ -70,8 +70,8 @@ fn block_links(
     let mut own = vec![None; ids.len() * d];
     for (slot, &col) in request::request_dims().iter().enumerate() {
         let dim = &crate::schema::DEDICATED[col];
-        let terms = reader.postings_terms(dim.name, rows)?;
-        let terms = terms.as_string::<i32>();
+        let terms = reader.postings_terms(dim.name, rows, &arrow::datatypes::DataType::Utf8View)?;
+        let terms = terms.as_string_view();
         for i in (0..terms.len()).filter(|&i| !terms.is_null(i)) {
             let term = terms.value(i);
             own[i * d + slot] = interner.intern(slot, term, || match dim.ty {
