@@ -361,6 +361,25 @@ pub struct WeftAnswer {
     pub ms: f64,
     pub rows: Option<Vec<Vec<Value>>>,
     pub partial: bool,
+    /// What an anomaly scan found: incidents, and the first one's window and first cause.
+    pub found: Option<String>,
+}
+
+fn incidents_found(answer: &Value) -> Option<String> {
+    let incidents = answer["incidents"].as_array()?;
+    let first = incidents.first().map_or(String::new(), |i| {
+        let cause = &i["attribution"][0];
+        format!(
+            "; first: {} {}..{} ns, cause {}={} (lift {})",
+            i["signal"].as_str().unwrap_or("?"),
+            i["start_ns"],
+            i["end_ns"],
+            cause["dimension"].as_str().unwrap_or("-"),
+            cause["value"].as_str().unwrap_or("-"),
+            cause["lift"]
+        )
+    });
+    Some(format!("{} incidents{first}", incidents.len()))
 }
 
 /// Calls each endpoint once to warm up, then `runs` times; the best time.
@@ -396,6 +415,7 @@ pub async fn run_weft(
                 ms: best,
                 rows,
                 partial,
+                found: incidents_found(&answer),
             },
         );
     }
@@ -414,14 +434,14 @@ fn same_value(a: &Value, b: &Value, tolerance: f64) -> bool {
     }
 }
 
-/// Rows compared as sets, ordered by their non-tolerant columns.
+/// Rows compared as sets: ordered by the columns that must match exactly (every column when
+/// the question states no tolerance), then compared column by column.
 fn same_rows(a: &[Vec<Value>], b: &[Vec<Value>], tolerance: &[f64]) -> bool {
+    let exact = |i: usize| tolerance.is_empty() || tolerance.get(i) == Some(&0.0);
     let key = |r: &Vec<Value>| {
         r.iter()
             .enumerate()
-            .filter(|(i, _)| {
-                tolerance.get(*i).copied().unwrap_or(1e-6) == 0.0 || tolerance.is_empty()
-            })
+            .filter(|(i, _)| exact(*i))
             .map(|(_, v)| match v.as_f64() {
                 // 3 and 3.0 sort alike
                 Some(f) if v.is_number() => format!("{f:e}"),

@@ -1064,6 +1064,9 @@ async fn analytics(
             if w.partial { " (partial)" } else { "" },
             q.what
         );
+        if let Some(found) = &w.found {
+            println!("     {found}");
+        }
     }
     println!("loading duckdb and chdb and asking the same questions...");
     let work = parquet.with_extension("peers");
