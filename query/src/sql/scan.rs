@@ -28,7 +28,8 @@ use datafusion::common::{Column, ScalarValue, Statistics};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::expressions::IsNotNullExpr;
+use datafusion::physical_expr::utils::{collect_columns, split_conjunction};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
@@ -226,15 +227,28 @@ impl WeftScanExec {
     }
 
     /// Whether [`Self::rows_selected`] is near what the scan emits: it applies no row filter
-    /// but on the time columns (whose bounds already chose the blocks).
+    /// but on the time columns (whose bounds already chose the blocks) and `IS NOT NULL` on the
+    /// ids (every span has its ids; only a root lacks a parent: children joined to their
+    /// parents often say `parent_span_id IS NOT NULL`).
     pub(super) fn rows_known(&self) -> bool {
-        self.row_filters.iter().all(|f| {
-            let columns = collect_columns(f);
-            !columns.is_empty()
-                && columns
-                    .iter()
-                    .all(|c| matches!(c.name(), "start_time" | "end_time"))
-        })
+        self.row_filters
+            .iter()
+            .flat_map(|f| split_conjunction(f))
+            .all(|f| {
+                if let Some(e) = f.downcast_ref::<IsNotNullExpr>()
+                    && let Some(c) = e
+                        .arg()
+                        .downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                    && matches!(c.name(), "trace_id" | "span_id" | "parent_span_id")
+                {
+                    return true;
+                }
+                let columns = collect_columns(f);
+                !columns.is_empty()
+                    && columns
+                        .iter()
+                        .all(|c| matches!(c.name(), "start_time" | "end_time"))
+            })
     }
 
     pub(super) fn limit(&self) -> Option<usize> {

@@ -1024,6 +1024,9 @@ fn trace_local_joins_answer_as_datafusion_s_hash_join() {
         "SELECT s.span_id, g.sid FROM spans s JOIN (SELECT trace_id AS t, span_id AS sid FROM spans WHERE name = 'llm.generate') g ON s.trace_id = g.t WHERE s.span_id = g.sid OR s.parent_span_id = g.sid",
         // a time range on one side only: blocks only it reads still give their split traces
         "SELECT a.span_id, b.span_id FROM spans a JOIN spans b ON a.trace_id = b.trace_id AND a.parent_span_id = b.span_id WHERE a.start_time < '2023-11-14T22:13:40Z'",
+        // children that have a parent, to their parents (an id's IS NOT NULL narrows nothing
+        // the join would keep)
+        "SELECT p.name, c.name, count(*) FROM spans c JOIN spans p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id WHERE c.parent_span_id IS NOT NULL AND c.start_time >= '2023-11-14T00:00:00Z' GROUP BY 1, 2",
     ];
     for sql in queries {
         let plan = block_on(text_of(&f, &format!("EXPLAIN {sql}"), true));
