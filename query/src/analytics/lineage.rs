@@ -283,8 +283,9 @@ pub const DEFAULT_DIMS: &[&str] = &[
 
 /// Which combinations of `dims` served the selected requests: requests (traces with a request
 /// span of the combination), spans (every span of those requests, the decode tokens too),
-/// p50 / p99 and error rate of the request spans. The indexed LLM dimensions are read from the request columns (a token span
-/// counts under its own request's values); other attributes are those of the request span.
+/// p50 / p99 and error rate of the request spans. The indexed LLM dimensions are read from
+/// the request columns (a token span counts under its own request's values); other
+/// attributes are those of the request span.
 pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> {
     let dims = p.list_or("dims", DEFAULT_DIMS);
     if dims.is_empty() || dims.len() > 8 {
