@@ -105,6 +105,10 @@ fn number(s: &Span, key: &str) -> Option<f64> {
 struct Truth {
     /// (service, span name) -> spans
     operations: BTreeMap<(String, String), u64>,
+    /// (service, span name) -> span durations (ns)
+    durations: BTreeMap<(String, String), Vec<f64>>,
+    /// summed duration of the root spans (ns)
+    roots_ns: f64,
     decode_tokens: u64,
     /// (10 s step, log2 bucket of the token latency in ms) -> tokens
     itl_cells: BTreeMap<(u64, i64), u64>,
@@ -140,6 +144,14 @@ fn truth(cfg: GenConfig) -> Truth {
         e.0 += 1;
         for (service, s) in &req.spans {
             let service = weft_bench::generator::SERVICES[*service].to_owned();
+            let ns = (s.end_time_unix_nano - s.start_time_unix_nano) as f64;
+            if s.parent_span_id.iter().all(|b| *b == 0) {
+                t.roots_ns += ns;
+            }
+            t.durations
+                .entry((service.clone(), s.name.clone()))
+                .or_default()
+                .push(ns);
             *t.operations.entry((service, s.name.clone())).or_default() += 1;
             if s.span_id == generate.span_id || s.parent_span_id == generate.span_id {
                 e.1 += 1;
@@ -202,6 +214,23 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
             .unwrap_or_else(|| panic!("no node {service}/{name}"));
         assert_eq!(n["calls"], *calls, "{n}");
         assert_eq!(n["mainstat"], *calls);
+        // exact percentiles, and the node's share of the roots' summed duration
+        let mut d = t.durations[&(service.clone(), name.clone())].clone();
+        d.sort_by(f64::total_cmp);
+        for (key, q) in [("p50_ms", 0.5), ("p99_ms", 0.99)] {
+            let want = percentile_cont(&d, q) / 1e6;
+            let got = n[key].as_f64().unwrap();
+            assert!(
+                (got - want).abs() <= 1e-6 * want,
+                "{service}/{name} {key}: {got} vs {want}"
+            );
+        }
+        let share = d.iter().sum::<f64>() / t.roots_ns;
+        let got = n["latency_share"].as_f64().unwrap();
+        assert!(
+            (got - share).abs() <= 1e-6 * share,
+            "{service}/{name}: share {got} vs {share}"
+        );
     }
     let edge = g["edges"]
         .as_array()
