@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::peers::{Params, PeerQuery};
+use crate::peers::{Params, PeerQuery, ch_ts, duck_ts, same_value_within};
 
 /// Turns Weft's JSON answer into rows.
 type ToRows = fn(&Value) -> anyhow::Result<Vec<Vec<Value>>>;
@@ -31,15 +31,6 @@ pub struct Question {
     pub chdb: String,
     /// Relative tolerance of each column (columns past the end: 1e-6).
     pub tolerance: &'static [f64],
-}
-
-fn duck_ts(ns: u64) -> String {
-    let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0).unwrap_or_default();
-    format!("TIMESTAMPTZ '{}'", t.format("%Y-%m-%d %H:%M:%S+00"))
-}
-
-fn ch_ts(ns: u64) -> String {
-    format!("fromUnixTimestamp64Nano(toInt64({ns}), 'UTC')")
 }
 
 fn array<'a>(v: &'a Value, key: &str) -> anyhow::Result<&'a Vec<Value>> {
@@ -244,6 +235,16 @@ pub fn questions(p: &Params) -> Vec<Question> {
         .into_iter()
         .find(|q| q.id == "Q8")
         .expect("peers define Q8");
+    let duck_percentiles = percentiles(
+        "epoch_us(time_bucket(INTERVAL '60 seconds', start_time))",
+        d_range(""),
+        false,
+    );
+    let ch_percentiles = percentiles(
+        "intDiv(toUnixTimestamp64Micro(start_time), 60000000) * 60000000",
+        c_range(""),
+        true,
+    );
     // ClickHouse reads the double-quoted identifiers as identifiers, like the others
     vec![
         Question {
@@ -279,16 +280,8 @@ pub fn questions(p: &Params) -> Vec<Question> {
                 "percentiles?{range}&signal=ttft&by=llm.model_version&step=60s&q=0.5,0.9,0.99"
             ),
             rows: Some(percentile_rows),
-            duckdb: percentiles(
-                "epoch_us(time_bucket(INTERVAL '60 seconds', start_time))",
-                d_range(""),
-                false,
-            ),
-            chdb: percentiles(
-                "intDiv(toUnixTimestamp64Micro(start_time), 60000000) * 60000000",
-                c_range(""),
-                true,
-            ),
+            duckdb: duck_percentiles.clone(),
+            chdb: ch_percentiles.clone(),
             tolerance: &[0.0, 0.0, 0.01, 0.01, 0.01],
         },
         Question {
@@ -298,16 +291,8 @@ pub fn questions(p: &Params) -> Vec<Question> {
                 "percentiles?{range}&signal=ttft&by=llm.model_version&step=60s&q=0.5,0.9,0.99&exact=true"
             ),
             rows: Some(percentile_rows),
-            duckdb: percentiles(
-                "epoch_us(time_bucket(INTERVAL '60 seconds', start_time))",
-                d_range(""),
-                false,
-            ),
-            chdb: percentiles(
-                "intDiv(toUnixTimestamp64Micro(start_time), 60000000) * 60000000",
-                c_range(""),
-                true,
-            ),
+            duckdb: duck_percentiles.clone(),
+            chdb: ch_percentiles.clone(),
             tolerance: &[],
         },
         Question {
@@ -423,15 +408,7 @@ pub async fn run_weft(
 }
 
 fn same_value(a: &Value, b: &Value, tolerance: f64) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) if x.is_i64() && y.is_i64() => x == y,
-        _ => match (a.as_f64(), b.as_f64()) {
-            (Some(x), Some(y)) => {
-                x == y || (x - y).abs() <= tolerance.max(1e-6) * x.abs().max(y.abs()) + 1e-9
-            }
-            _ => a == b,
-        },
-    }
+    same_value_within(a, b, tolerance.max(1e-6), 1e-9)
 }
 
 /// Rows compared as sets: ordered by the columns that must match exactly (every column when

@@ -914,6 +914,45 @@ fn compacted(dir: &Path) -> anyhow::Result<weft_storage::Store> {
     Ok(store)
 }
 
+/// Generated spans written to Parquet (the peers' copy) and sent to a fresh Weft server, in
+/// a temporary directory that lives as long as this.
+struct SpanData {
+    _temp: tempfile::TempDir,
+    /// Weft's data directory.
+    dir: PathBuf,
+    parquet: PathBuf,
+    rows: usize,
+    server: Server,
+}
+
+impl SpanData {
+    async fn load(data: &DataArgs, bin: &Path, concurrency: usize) -> anyhow::Result<Self> {
+        let temp = tempfile::tempdir()?;
+        let dir = temp.path().join("weft");
+        let parquet = temp.path().join("spans.parquet");
+        println!("generating {} spans (seed {})...", data.spans, data.seed);
+        let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
+        let (server, _) = start_server(bin, &dir, &[]).await?;
+        let report = send(
+            &server.otlp,
+            streamed(data),
+            "/v1/traces",
+            concurrency,
+            0.0,
+            None,
+        )
+        .await?;
+        println!("weft ingest (encoding while sending): {report}");
+        Ok(Self {
+            _temp: temp,
+            dir,
+            parquet,
+            rows,
+            server,
+        })
+    }
+}
+
 async fn peers(
     data: &DataArgs,
     weft: Option<PathBuf>,
@@ -922,22 +961,13 @@ async fn peers(
     concurrency: usize,
 ) -> anyhow::Result<()> {
     let bin = weft_binary(weft)?;
-    let temp = tempfile::tempdir()?;
-    let dir = temp.path().join("weft");
-    let parquet = temp.path().join("spans.parquet");
-    println!("generating {} spans (seed {})...", data.spans, data.seed);
-    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
-    let (server, _) = start_server(&bin, &dir, &[]).await?;
-    let report = send(
-        &server.otlp,
-        streamed(data),
-        "/v1/traces",
-        concurrency,
-        0.0,
-        None,
-    )
-    .await?;
-    println!("weft ingest (encoding while sending): {report}");
+    let SpanData {
+        _temp,
+        dir,
+        parquet,
+        rows,
+        server,
+    } = SpanData::load(data, &bin, concurrency).await?;
     let params = weft_bench::peers::Params::choose(&data.config());
     let run = PeerRun {
         bin: &bin,
@@ -1027,22 +1057,13 @@ async fn analytics(
 ) -> anyhow::Result<()> {
     use weft_bench::analytics_bench as a;
     let bin = weft_binary(weft)?;
-    let temp = tempfile::tempdir()?;
-    let dir = temp.path().join("weft");
-    let parquet = temp.path().join("spans.parquet");
-    println!("generating {} spans (seed {})...", data.spans, data.seed);
-    let rows = write_parquet(&parquet, batches(data.config(), data.batch_spans()))?;
-    let (mut server, _) = start_server(&bin, &dir, &[]).await?;
-    let report = send(
-        &server.otlp,
-        streamed(data),
-        "/v1/traces",
-        concurrency,
-        0.0,
-        None,
-    )
-    .await?;
-    println!("weft ingest: {report}");
+    let SpanData {
+        _temp,
+        dir,
+        parquet,
+        rows,
+        mut server,
+    } = SpanData::load(data, &bin, concurrency).await?;
     terminate(&mut server)?;
     drop(compacted(&dir)?);
     let params = weft_bench::peers::Params::choose(&data.config());

@@ -120,12 +120,14 @@ fn rfc3339(ns: u64) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-fn duck_ts(ns: u64) -> String {
+/// A whole-second timestamp literal in DuckDB's dialect.
+pub fn duck_ts(ns: u64) -> String {
     let t = chrono::DateTime::from_timestamp((ns / 1_000_000_000) as i64, 0).unwrap_or_default();
     format!("TIMESTAMPTZ '{}'", t.format("%Y-%m-%d %H:%M:%S+00"))
 }
 
-fn ch_ts(ns: u64) -> String {
+/// A timestamp in ClickHouse's dialect.
+pub fn ch_ts(ns: u64) -> String {
     format!("fromUnixTimestamp64Nano(toInt64({ns}), 'UTC')")
 }
 
@@ -507,10 +509,17 @@ fn batches_to_rows(batches: &[arrow::array::RecordBatch]) -> anyhow::Result<Vec<
 /// Integers exactly; floats to a relative 1e-6 (the engines' continuous percentiles differ
 /// in the eighth significant digit).
 fn same_value(a: &Value, b: &Value) -> bool {
+    same_value_within(a, b, 1e-6, 0.0)
+}
+
+/// Integers exactly; floats to `relative` of the larger, plus `absolute`.
+pub fn same_value_within(a: &Value, b: &Value, relative: f64, absolute: f64) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) if x.is_i64() && y.is_i64() => x == y,
         _ => match (a.as_f64(), b.as_f64()) {
-            (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-6 * x.abs().max(y.abs()),
+            (Some(x), Some(y)) => {
+                x == y || (x - y).abs() <= relative * x.abs().max(y.abs()) + absolute
+            }
             _ => a == b,
         },
     }

@@ -303,8 +303,9 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
         // request columns alone (no per-row trace id), the requests over the request spans,
         // the two joined by group
         let any: Vec<String> = exprs.iter().map(|e| format!("{e} IS NOT NULL")).collect();
-        let filter = p.where_clause(&[format!("({})", any.join(" OR "))])?;
-        let req_filter = p.where_clause(&[format!("({})", any.join(" OR ")), request.clone()])?;
+        let any = format!("({})", any.join(" OR "));
+        let filter = p.where_clause(std::slice::from_ref(&any))?;
+        let req_filter = p.where_clause(&[any, request.clone()])?;
         let on: Vec<String> = (0..exprs.len())
             .map(|i| format!("(s.g{i} IS NOT DISTINCT FROM r.g{i})"))
             .collect();

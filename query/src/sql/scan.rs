@@ -28,7 +28,7 @@ use datafusion::common::{Column, ScalarValue, Statistics};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::IsNotNullExpr;
+use datafusion::physical_expr::expressions::{Column as ColumnExpr, IsNotNullExpr};
 use datafusion::physical_expr::utils::{collect_columns, split_conjunction};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
@@ -236,9 +236,7 @@ impl WeftScanExec {
             .flat_map(|f| split_conjunction(f))
             .all(|f| {
                 if let Some(e) = f.downcast_ref::<IsNotNullExpr>()
-                    && let Some(c) = e
-                        .arg()
-                        .downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                    && let Some(c) = e.arg().downcast_ref::<ColumnExpr>()
                     && matches!(c.name(), "trace_id" | "span_id" | "parent_span_id")
                 {
                     return true;
