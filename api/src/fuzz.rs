@@ -1,6 +1,7 @@
 //! Fuzzing with proptest: no query text makes a reader panic: the trace and log search
-//! parameters, the log text language, SQL's front end (parse and the read-only check), and the
-//! analytics parameters. A long run: `PROPTEST_CASES=10000000 cargo test --release --workspace
+//! parameters, the log text language, SQL's front end (parse and the read-only check), the
+//! analytics parameters, and PostgreSQL frontend messages (the frame check, then pgwire's
+//! decoders on what passes, as a connection runs them). A long run: `PROPTEST_CASES=10000000 cargo test --release --workspace
 //! --lib -- no_panics` (docs/testing.md).
 
 use proptest::prelude::*;
@@ -69,4 +70,58 @@ proptest! {
         }
         let _ = weft_query::sql::check_read_only(&q);
     }
+
+    #[test]
+    fn no_panics_from_postgresql_messages(
+        startup in prop::bool::weighted(0.9),
+        messages in prop::collection::vec(pg_message(), 0..6),
+        cut in prop::option::weighted(0.2, 0usize..400),
+    ) {
+        let mut bytes = Vec::new();
+        if startup {
+            let mut body = 196_608i32.to_be_bytes().to_vec();
+            body.extend_from_slice(b"user\0fuzz\0database\0weft\0\0");
+            bytes.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+            bytes.extend_from_slice(&body);
+        }
+        for m in messages {
+            bytes.extend_from_slice(&m);
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut);
+        }
+        let _ = crate::sql::wire::tests::through(&bytes);
+    }
+}
+
+/// One frontend message: a known type byte (or any), a body of fields as messages have them
+/// (strings, counts, integers, raw bytes), and a length that is right or lies.
+fn pg_message() -> impl Strategy<Value = Vec<u8>> {
+    let field = prop_oneof![
+        "[a-zA-Z0-9 $]{0,12}".prop_map(|s| {
+            let mut b = s.into_bytes();
+            b.push(0);
+            b
+        }),
+        (0u16..8).prop_map(|n| n.to_be_bytes().to_vec()),
+        any::<u16>().prop_map(|n| n.to_be_bytes().to_vec()),
+        (-2i32..16).prop_map(|n| n.to_be_bytes().to_vec()),
+        any::<i32>().prop_map(|n| n.to_be_bytes().to_vec()),
+        prop::collection::vec(any::<u8>(), 0..8),
+    ];
+    let tag = prop_oneof![prop::sample::select(b"QPBCDEHSXdcfp".to_vec()), any::<u8>(),];
+    let length = prop_oneof![
+        4 => Just(None),
+        1 => any::<i32>().prop_map(Some),
+        1 => (-3i32..3).prop_map(Some),
+    ];
+    (tag, prop::collection::vec(field, 0..7), length).prop_map(|(tag, fields, length)| {
+        let body: Vec<u8> = fields.concat();
+        let right = body.len() as i32 + 4;
+        let len = length.map_or(right, |lie| right.wrapping_add(lie));
+        let mut m = vec![tag];
+        m.extend_from_slice(&len.to_be_bytes());
+        m.extend_from_slice(&body);
+        m
+    })
 }

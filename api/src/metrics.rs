@@ -113,6 +113,20 @@ pub async fn track_latency(State(state): State<SharedState>, req: Request, next:
     response
 }
 
+/// Panics anywhere in the process since start (a connection's or request's task, a background
+/// task): none is expected, whatever a client sends. Counted by the hook [`count_panics`]
+/// installs.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts every panic in `weft_panics_total`, then reports it as the default hook does.
+pub fn count_panics() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, Ordering::Relaxed);
+        report(info);
+    }));
+}
+
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(
         out,
@@ -131,6 +145,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     let mut out = String::with_capacity(8192);
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let i = &ingester.stats;
+    counter(
+        &mut out,
+        "weft_panics_total",
+        "Panics in any thread since start (a bug: none is expected, whatever a client sends).",
+        load(&PANICS),
+    );
     counter(
         &mut out,
         "weft_tls_handshake_failures_total",

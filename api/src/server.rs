@@ -145,6 +145,7 @@ async fn wait_for_signal() {
 
 pub async fn run(config: Config) -> Result<(), ServeError> {
     let started = Instant::now();
+    crate::metrics::count_panics();
     let auth = match &config.auth_file {
         Some(path) => Some(Arc::new(auth::Auth::load(path).map_err(ServeError::Auth)?)),
         None => {

@@ -5,3 +5,4 @@ pub mod encode;
 pub mod http;
 pub mod pg;
 pub mod scram;
+pub mod wire;

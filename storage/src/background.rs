@@ -157,7 +157,9 @@ impl Drop for Background {
 fn supervise(store: &Store, task: Task, stop: &Stop) {
     let stats = store.stats.task(task.name);
     let mut backoff = FIRST_BACKOFF;
-    let mut wait = task.every;
+    // the first round runs at start: a server restarted more often than a task's period (a
+    // crash loop) still merges and enforces retention
+    let mut wait = Duration::ZERO;
     while !stop.sleep(wait) {
         match catch_unwind(AssertUnwindSafe(|| (task.round)(store))) {
             Ok(Ok(worked)) => {

@@ -6,6 +6,8 @@
 //! - Simple and extended query protocols; text and binary results with PostgreSQL's type OIDs.
 //! - Only reads: `BEGIN`/`COMMIT`/`ROLLBACK`, `SET` and `DISCARD` are accepted as no-ops so
 //!   that drivers can run their usual session set-up; everything else that writes is refused.
+//! - Every frontend message is checked against its type's layout before pgwire decodes it
+//!   (`sql/wire.rs`); a malformed one ends the connection with FATAL 08P01 naming the fault.
 //! - With `--tls-cert`, connections must negotiate TLS (`SSLRequest`, or direct TLS with ALPN
 //!   `postgresql`); others are refused at start-up.
 //! - With `--auth-file`, the password is a token, proven with SCRAM-SHA-256 when the auth file
@@ -97,7 +99,7 @@ pub async fn serve(
                     let tls = tls.clone();
                     tokio::spawn(async move {
                         let _open = open;
-                        if let Err(e) = pgwire::tokio::process_socket(socket, tls, h).await {
+                        if let Err(e) = super::wire::serve_connection(socket, tls, h).await {
                             tracing::debug!(error = %e, "PostgreSQL connection ended with an error");
                         }
                     });

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use pgwire::api::ClientInfo;
 use pgwire::api::auth::mechanism::{AuthMechanism, AuthState};
 use pgwire::error::{PgWireError, PgWireResult};
-use pgwire::messages::startup::{Authentication, PasswordMessageFamily};
+use pgwire::messages::startup::{Authentication, PasswordMessageFamily, SASLInitialResponse};
 use sha2::{Digest, Sha256};
 
 use crate::auth::{Auth, Denied, SCRAM_ITERATIONS, SCRAM_SALT, Scope, ScramKeys, hmac, same};
@@ -52,6 +52,26 @@ impl TokenScram {
 
 fn malformed(what: &str) -> PgWireError {
     PgWireError::InvalidScramMessage(what.to_owned())
+}
+
+/// The `SASLInitialResponse` a password message carries, read within the message: pgwire's own
+/// reader trusts the data length inside it and panics when the message is shorter.
+pub fn sasl_initial(message: PasswordMessageFamily) -> PgWireResult<SASLInitialResponse> {
+    let PasswordMessageFamily::Raw(body) = message else {
+        return message.into_sasl_initial_response();
+    };
+    let mut fields = crate::sql::wire::Fields::new(&body, "SASLInitialResponse");
+    let bad = |m: crate::sql::wire::Malformed| PgWireError::InvalidScramMessage(m.0);
+    let method = String::from_utf8_lossy(fields.cstr().map_err(bad)?).into_owned();
+    let data = match fields.i32().map_err(bad)? {
+        -1 => None,
+        n if n < 0 => return Err(malformed("SASLInitialResponse: a negative data length")),
+        n => Some(Bytes::copy_from_slice(
+            fields.take(n as usize, "its data").map_err(bad)?,
+        )),
+    };
+    fields.end().map_err(bad)?;
+    Ok(SASLInitialResponse::new(method, data))
 }
 
 /// The client-first message: (gs2 header, client-first-message-bare, client nonce).
@@ -149,7 +169,7 @@ impl AuthMechanism for TokenScram {
     ) -> PgWireResult<AuthState> {
         match std::mem::replace(&mut self.step, Step::Start) {
             Step::Start => {
-                let initial = message.into_sasl_initial_response()?;
+                let initial = sasl_initial(message)?;
                 if initial.auth_method != METHOD {
                     return Err(PgWireError::UnsupportedSASLAuthMethod(initial.auth_method));
                 }

@@ -125,23 +125,50 @@ fn crash_cycles(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Sends batch 0, 1, 2, … (200 spans of `service` each), retrying each until it is
-/// acknowledged, to the OTLP/HTTP address `otlp` holds (it changes on restart), until `done`;
-/// acknowledged span ids go to `acked`. Two such senders send the same batches.
+/// When a sender's spans start.
+#[derive(Clone, Copy)]
+enum Stamp {
+    /// At the fixed time `T0`.
+    Fixed,
+    /// This long before the moment the batch is made.
+    Ago(Duration),
+}
+
+impl Stamp {
+    fn start(self) -> u64 {
+        match self {
+            Stamp::Fixed => T0,
+            Stamp::Ago(d) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                (now - d).as_nanos() as u64
+            }
+        }
+    }
+}
+
+/// Sends batch 0, 1, 2, … (200 spans of `service` each, starting as `stamp` says), retrying each
+/// until it is acknowledged, to the OTLP/HTTP address `otlp` holds (it changes on restart),
+/// until `done`; acknowledged span ids go to `acked`. Two senders with the same `base` send the
+/// same batches; senders with different bases, different spans.
 fn retrying_sender(
     service: &'static str,
+    base: u64,
+    stamp: Stamp,
     otlp: Arc<Mutex<String>>,
     acked: Acked,
     done: Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let c = Client::new();
-        let mut batch = 0u64;
+        let mut batch = base;
         while !done.load(std::sync::atomic::Ordering::Acquire) {
+            let t = stamp.start();
             let spans: Vec<_> = (0..200u64)
                 .map(|i| {
                     let trace = id16((batch << 4) | (i % 4));
-                    span(&trace, (batch << 16) | i, None, "w", T0 + i, T0 + i + 5)
+                    span(&trace, (batch << 16) | i, None, "w", t + i, t + i + 5)
                 })
                 .collect();
             let body = prost::Message::encode_to_vec(&request(service, spans.clone()));
@@ -177,6 +204,8 @@ async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_c
     for _sender in 0..2 {
         tasks.push(retrying_sender(
             "dup-crash",
+            0,
+            Stamp::Fixed,
             otlp.clone(),
             acked.clone(),
             done.clone(),
@@ -204,30 +233,151 @@ async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_c
         acked.len()
     );
 
+    let stored = stored_span_ids(&w, "dup-crash", "").await;
+    let missing = acked.iter().filter(|id| !stored.contains_key(*id)).count();
+    assert_eq!(missing, 0, "acknowledged spans missing of {}", acked.len());
+    let twice = stored.values().filter(|&&n| n > 1).count();
+    assert_eq!(twice, 0, "spans stored more than once");
+}
+
+/// How many times each span id of `service` is stored, counted through SQL (which does not
+/// de-duplicate); `and` adds a condition.
+async fn stored_span_ids(w: &Weft, service: &str, and: &str) -> HashMap<Vec<u8>, u64> {
     let c = Client::new();
+    let query = format!(
+        "SELECT span_id, count(*) AS n FROM spans WHERE service_name = '{service}' {and} \
+         GROUP BY span_id"
+    );
     let r = c
         .post(
             &format!("{}/api/v1/sql", w.http),
             &[("content-type", "application/json")],
-            serde_json::json!({
-                "query": "SELECT span_id, count(*) AS n FROM spans \
-                          WHERE service_name = 'dup-crash' GROUP BY span_id"
-            })
-            .to_string(),
+            serde_json::json!({ "query": query }).to_string(),
         )
         .await
         .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{query}: {}", r.text());
     let doc = r.json().unwrap();
     let mut stored = HashMap::new();
     for row in doc["rows"].as_array().unwrap() {
         let id = hex::decode(row[0].as_str().unwrap()).unwrap();
         stored.insert(id, row[1].as_u64().unwrap());
     }
-    let missing = acked.iter().filter(|id| !stored.contains_key(*id)).count();
-    assert_eq!(missing, 0, "acknowledged spans missing of {}", acked.len());
-    let twice = stored.values().filter(|&&n| n > 1).count();
-    assert_eq!(twice, 0, "spans stored more than once");
+    stored
+}
+
+/// Kill cycles at random moments of retention as well as of ingest, flush and merge: windows are
+/// a minute, the tenant keeps three, and one sender stamps its spans 175 s in the past, so that
+/// its blocks fall out of retention seconds after they are written and the retention task
+/// (whose first round runs as the server starts) deletes them between and during kills, while
+/// another sender sends fresh spans. Afterwards every acknowledged fresh span is stored once,
+/// nothing older than the cutoff is served, and `weft check` finds the stopped store sound (no
+/// block half deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kills_while_windows_fall_out_of_retention_leave_a_sound_store() {
+    let cycles = crash_cycles(6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = CYCLE_FLAGS.to_vec();
+    flags.extend(["--retention", "3m", "--block-window", "1m"]);
+    let mut w = Weft::start(dir.path(), &flags);
+    let otlp = Arc::new(Mutex::new(w.otlp.clone()));
+    let (fresh, old): (Acked, Acked) = Default::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks = [
+        retrying_sender(
+            "ret-fresh",
+            0,
+            Stamp::Ago(Duration::ZERO),
+            otlp.clone(),
+            fresh.clone(),
+            done.clone(),
+        ),
+        retrying_sender(
+            "ret-old",
+            1 << 30,
+            Stamp::Ago(Duration::from_secs(175)),
+            otlp.clone(),
+            old.clone(),
+            done.clone(),
+        ),
+    ];
+    let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
+    let mut expired = 0;
+    for _ in 0..cycles {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(200 + seed % 1800)).await;
+        expired += blocks_expired(&w).await;
+        w.kill9();
+        w.restart();
+        *otlp.lock().unwrap() = w.otlp.clone();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // the last old spans fall out 5 s after they were sent; a restart runs a retention round
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    expired += blocks_expired(&w).await;
+    w.kill9();
+    w.restart();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    expired += blocks_expired(&w).await;
+    assert!(
+        expired > 0,
+        "no block was deleted by retention during the kill cycles"
+    );
+    let fresh = fresh.lock().unwrap().clone();
+    let old = old.lock().unwrap().clone();
+    assert!(
+        fresh.len() > 1000 && old.len() > 1000,
+        "ingested: {} fresh, {} old",
+        fresh.len(),
+        old.len()
+    );
+
+    let stored = stored_span_ids(&w, "ret-fresh", "").await;
+    let missing = fresh.iter().filter(|id| !stored.contains_key(*id)).count();
+    assert_eq!(
+        missing,
+        0,
+        "acknowledged fresh spans missing of {}",
+        fresh.len()
+    );
+    assert!(
+        stored.values().all(|&n| n == 1),
+        "fresh spans stored more than once"
+    );
+    let served = stored_span_ids(&w, "ret-old", "").await;
+    assert!(
+        served.is_empty(),
+        "{} spans older than the retention are served",
+        served.len()
+    );
+
+    assert!(w.terminate(), "clean stop");
+    let check = std::process::Command::new(weft_tests::weft_binary())
+        .args(["check", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "weft check: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+/// Blocks the running server has deleted by retention since it started.
+async fn blocks_expired(w: &Weft) -> u64 {
+    metrics(&Client::new(), w)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("weft_blocks_expired_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Cuts every file under `data` back to what a power cut would have left: its size at its last
@@ -317,8 +467,16 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
     let otlp = Arc::new(Mutex::new(w.otlp.clone()));
     let acked: Acked = Default::default();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sender = retrying_sender("power-cut", otlp.clone(), acked.clone(), done.clone());
+    let sender = retrying_sender(
+        "power-cut",
+        0,
+        Stamp::Fixed,
+        otlp.clone(),
+        acked.clone(),
+        done.clone(),
+    );
     let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
+    let mut expired = 0;
     let (mut cut, mut removed) = (0, 0);
     let cycles = crash_cycles(4);
     for _ in 0..cycles {

@@ -227,9 +227,9 @@ async fn a_saturated_write_path_answers_429_with_retry_after() {
 
 /// The PostgreSQL wire fed garbage: random bytes before start-up, random frames after a valid
 /// start-up (every message type, lengths that lie), connections dropped mid-message. The
-/// server keeps serving: `/ready` answers and a fresh connection runs a query. (pgwire 0.42's
-/// decoder panics on some malformed `Parse` / `Bind` bodies; the panic ends only that
-/// connection's task, which this test relies on and proves.)
+/// server keeps serving (`/ready` answers and a fresh connection runs a query) and nothing
+/// panics (`weft_panics_total` stays 0): frames are checked before pgwire's decoders, which
+/// trust the lengths inside a message. A `Parse` cut short is answered FATAL 08P01.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_postgresql_messages_never_bring_the_server_down() {
     use rand::{Rng, SeedableRng};
@@ -285,6 +285,23 @@ async fn random_postgresql_messages_never_bring_the_server_down() {
         let mut sink = vec![0u8; 4096];
         let _ = tokio::time::timeout(std::time::Duration::from_millis(20), s.read(&mut sink)).await;
     }
+    // a Parse whose parameter count announces type OIDs the frame does not hold
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut out = startup.clone();
+    out.extend_from_slice(b"P\0\0\0\x10\0SELECT 1\0\0\x05");
+    s.write_all(&out).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_end(&mut answer),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.contains("08P01") && text.contains("Parse"),
+        "no FATAL 08P01 naming the Parse: {text:?}"
+    );
+
     let c = Client::new();
     let ready = c.get(&format!("{}/ready", w.http), &[]).await.unwrap();
     assert_eq!(ready.status, 200);
@@ -292,4 +309,6 @@ async fn random_postgresql_messages_never_bring_the_server_down() {
         .await
         .unwrap();
     assert_eq!(pg.query("SELECT 1").await.unwrap(), 1);
+    let metrics = metrics(&c, &w).await;
+    assert!(metrics.contains("\nweft_panics_total 0\n"), "{metrics}");
 }
