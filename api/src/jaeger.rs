@@ -279,13 +279,13 @@ async fn trace_by_id(
 ) -> Result<Json<Json_>, JaegerError> {
     let trace = crate::traces::get::short_trace_id(&id).map_err(JaegerError::bad)?;
     let store = state.store.clone();
-    let spans = blocking(move || store.trace(&tenant, &trace))
+    let max = state.max_trace_spans;
+    let (spans, truncated) = blocking(move || store.trace_limited(&tenant, &trace, max))
         .await?
         .map_err(|e| JaegerError::from(crate::error::ApiError::from(e)))?;
     if spans.is_empty() {
         return Err(JaegerError(StatusCode::NOT_FOUND, "trace not found".into()));
     }
-    let (spans, truncated) = crate::traces::get::bounded(spans, state.max_trace_spans);
     let mut trace = trace_json(&spans);
     if let Some(total) = truncated {
         trace["warnings"] = json!([crate::traces::get::truncation_note(

@@ -214,6 +214,7 @@ pub async fn run(config: Config) -> Result<(), ServeError> {
 
     let grpc_auth = auth::GrpcAuth(auth.clone());
     let grpc_router = tonic::transport::Server::builder()
+        .layer(otlp::admit::AdmitLayer(state.ingester.clone()))
         .add_service(InterceptedService::new(
             otlp::grpc::service(state.clone()),
             grpc_auth.clone(),

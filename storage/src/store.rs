@@ -1323,10 +1323,23 @@ impl Store {
 
     /// Every stored span of a trace (head and blocks), each once, ordered by start time.
     pub fn trace(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<SpanRecord>> {
+        Ok(self.trace_limited(tenant, trace, 0)?.0)
+    }
+
+    /// The earliest `max` spans of a trace (0: every span), each once, ordered by start time,
+    /// and, when the trace has more, how many spans the trace-id index counts for it. The work
+    /// is bounded too: a block's rows of a trace are in start order, so no more than `max` of
+    /// them are decoded per block.
+    pub fn trace_limited(
+        &self,
+        tenant: &TenantId,
+        trace: &TraceId,
+        max: usize,
+    ) -> Result<(Vec<SpanRecord>, Option<usize>)> {
         let (mut spans, blocks) = {
             let state = self.lock();
             let Some(t) = state.spans.get(tenant) else {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             };
             let mut spans = t.head.trace(trace);
             if let Some(f) = &t.frozen {
@@ -1334,18 +1347,30 @@ impl Store {
             }
             (spans, t.blocks.clone())
         };
-        for (addr, entry) in self.trace_locations(tenant, trace)? {
-            let Some(meta) = blocks.get(&addr) else {
-                continue;
+        let mut located = self.trace_locations(tenant, trace)?;
+        located.retain(|(addr, _)| blocks.contains_key(addr));
+        let indexed = spans.len() + located.iter().map(|(_, e)| e.rows as usize).sum::<usize>();
+        let bounded = max > 0 && indexed > max;
+        let mut skipped = false;
+        for (addr, entry) in located {
+            let rows = if bounded {
+                entry.rows.min(max as u32)
+            } else {
+                entry.rows
             };
-            let reader = self.block_reader(tenant, addr, meta);
-            spans.extend(reader.spans(&Rows::Range(entry.row_start, entry.rows), true)?);
+            skipped |= rows < entry.rows;
+            let reader = self.block_reader(tenant, addr, &blocks[&addr]);
+            spans.extend(reader.spans(&Rows::Range(entry.row_start, rows), true)?);
         }
         let cutoff = self.cutoff(tenant, SPANS).unwrap_or_default();
         let mut seen = HashSet::new();
         spans.retain(|s| s.start >= cutoff && seen.insert(s.span_id));
         spans.sort_by_key(|s| (s.start, s.span_id));
-        Ok(spans)
+        if bounded && (skipped || spans.len() > max) {
+            spans.truncate(max);
+            return Ok((spans, Some(indexed)));
+        }
+        Ok((spans, None))
     }
 
     /// Where a trace's rows are: one entry per block of the snapshot, from the trace-id index

@@ -77,7 +77,7 @@ pub fn service(state: Arc<AppState>) -> TraceServiceServer<TraceReceiver> {
         .max_decoding_message_size(limit)
 }
 
-fn to_status(e: &IngestError) -> Status {
+pub(crate) fn to_status(e: &IngestError) -> Status {
     let class = Class::of_ingest(e);
     if class == Class::Internal {
         tracing::error!(error = %e, "otlp/grpc export failed");

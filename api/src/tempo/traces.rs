@@ -34,19 +34,21 @@ async fn load(
     let trace = short_trace_id(id).map_err(TempoError::bad)?;
     let (start, end) = range(params.start.as_deref(), params.end.as_deref(), true)?;
     let store = state.store.clone();
-    let spans = blocking(move || store.trace(&tenant, &trace))
+    let max = state.max_trace_spans;
+    let (spans, truncated) = blocking(move || store.trace_limited(&tenant, &trace, max))
         .await?
         .map_err(|e| TempoError::from(crate::error::ApiError::from(e)))?;
-    let in_range = spans
-        .iter()
-        .any(|s| start.is_none_or(|st| s.end.0 >= st) && end.is_none_or(|e| s.start.0 < e));
+    // a cut trace may have its spans in range past the cut
+    let in_range = truncated.is_some()
+        || spans
+            .iter()
+            .any(|s| start.is_none_or(|st| s.end.0 >= st) && end.is_none_or(|e| s.start.0 < e));
     if spans.is_empty() || !in_range {
         return Err(TempoError(
             StatusCode::NOT_FOUND,
             format!("trace not found: {}", trace.to_hex()),
         ));
     }
-    let (spans, truncated) = crate::traces::get::bounded(spans, state.max_trace_spans);
     Ok((to_request(&spans), truncated))
 }
 

@@ -6,7 +6,6 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use prost::Message;
 use weft_ingest::otlp::{export::to_request, json::encode_request};
-use weft_storage::model::SpanRecord;
 use weft_storage::model::TraceId;
 
 use crate::error::ApiError;
@@ -35,17 +34,6 @@ pub(crate) fn short_trace_id(text: &str) -> Result<TraceId, String> {
 /// count.
 pub const TRUNCATED_HEADER: &str = "weft-trace-truncated";
 
-/// At most `max` of a trace's spans (the earliest: the store orders them by start), and the
-/// trace's span count when it has more (0: no limit).
-pub fn bounded(mut spans: Vec<SpanRecord>, max: usize) -> (Vec<SpanRecord>, Option<usize>) {
-    if max == 0 || spans.len() <= max {
-        return (spans, None);
-    }
-    let total = spans.len();
-    spans.truncate(max);
-    (spans, Some(total))
-}
-
 /// What a truncated answer says about itself.
 pub fn truncation_note(total: usize, max: usize) -> String {
     format!("trace truncated to its first {max} of {total} spans (--max-trace-spans)")
@@ -64,14 +52,14 @@ pub async fn trace_by_id(
     }
     let trace = TraceId::from_hex(&id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let store = state.store.clone();
-    let spans = blocking(move || store.trace(&tenant, &trace)).await??;
+    let max = state.max_trace_spans;
+    let (spans, truncated) = blocking(move || store.trace_limited(&tenant, &trace, max)).await??;
     if spans.is_empty() {
         return Err(ApiError::NotFound(format!(
             "trace {} not found",
             trace.to_hex()
         )));
     }
-    let (spans, truncated) = bounded(spans, state.max_trace_spans);
     let message = to_request(&spans);
     let mut resp = if wants_protobuf(&headers) {
         (

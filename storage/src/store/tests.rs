@@ -1156,3 +1156,42 @@ fn split_keys_go_with_the_last_block_of_their_trace() {
     let store = Store::open(dir.path(), opts).unwrap();
     assert_eq!(split(&store), vec![2]);
 }
+
+/// A trace cut at `max` spans is its earliest `max`, flagged with the count the index holds,
+/// whether its rows are in one block (more than `max` of them: only `max` are decoded), in
+/// several, or partly in the head; with no limit, or one it does not reach, every span.
+#[test]
+fn a_trace_read_with_a_limit_is_its_earliest_spans_and_says_how_many_there_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let t = tenant("limit");
+    let base = 1_700_000_000_000_000_000u64;
+    // ids descend as starts ascend: the order is by start, not by id
+    let at = |i: u64| span_at(7, 1_000 - i, base + i * 10);
+    store.append(&t, (0..15).rev().map(at).collect()).unwrap();
+    store.flush(true).unwrap();
+    let trace = TraceId([7; 16]);
+    let all = store.trace(&t, &trace).unwrap();
+    assert_eq!(all.len(), 15);
+    let (cut, total) = store.trace_limited(&t, &trace, 10).unwrap();
+    assert_eq!(total, Some(15));
+    assert_eq!(cut, all[..10]);
+    assert_eq!(
+        store.trace_limited(&t, &trace, 15).unwrap(),
+        (all.clone(), None)
+    );
+    assert_eq!(store.trace_limited(&t, &trace, 0).unwrap(), (all, None));
+
+    // a second block, then the head
+    store.append(&t, (15..20).map(at).collect()).unwrap();
+    store.flush(true).unwrap();
+    store.append(&t, (20..24).map(at).collect()).unwrap();
+    let all = store.trace(&t, &trace).unwrap();
+    assert_eq!(all.len(), 24);
+    for max in [1, 5, 10, 16, 23] {
+        let (cut, total) = store.trace_limited(&t, &trace, max).unwrap();
+        assert_eq!(total, Some(24), "max {max}");
+        assert_eq!(cut, all[..max], "max {max}");
+    }
+    assert_eq!(store.trace_limited(&t, &trace, 24).unwrap(), (all, None));
+}

@@ -301,7 +301,7 @@ async fn kills_while_windows_fall_out_of_retention_leave_a_sound_store() {
             done.clone(),
         ),
     ];
-    let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
+    let mut seed = 0x6a09_e667_f3bc_c909u64 ^ std::process::id() as u64;
     let mut expired = 0;
     for _ in 0..cycles {
         seed ^= seed << 13;
@@ -476,7 +476,6 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         done.clone(),
     );
     let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
-    let mut expired = 0;
     let (mut cut, mut removed) = (0, 0);
     let cycles = crash_cycles(4);
     for _ in 0..cycles {

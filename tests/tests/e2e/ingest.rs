@@ -350,8 +350,8 @@ async fn a_tenant_past_max_tenants_is_refused_with_the_limit_named() {
 
 /// Bodies are admitted before they are read: a slow client holding most of the body budget
 /// (`--ingest-memory`, a fifth of it for bodies) makes the next request's declared length a
-/// retryable 429 at once, before its body is read; once the slow body is in, the budget
-/// returns.
+/// retryable 429 at once, before its body is read, and an OTLP/gRPC export RESOURCE_EXHAUSTED
+/// as its message streams in; once the slow body is in, the budget returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_are_admitted_by_declared_length_before_they_are_read() {
     use std::io::{Read, Write};
@@ -381,6 +381,19 @@ async fn bodies_are_admitted_by_declared_length_before_they_are_read() {
     let r = c.post(&url, &headers, big).await.unwrap();
     assert_eq!(r.status, 429, "{}", r.text());
     assert!(r.retry_after.is_some());
+    // a gRPC export too: its message is refused as it streams in, before tonic has read it
+    // (admitted by its size only after decoding, it would be taken)
+    let many = request(
+        "grpc",
+        (0..6000)
+            .map(|i| span(&id16(9), i + 1, None, "a-span-name", T0, T0 + 1))
+            .collect(),
+    );
+    assert!(prost::Message::encoded_len(&many) > 300 << 10);
+    let mut grpc = TraceServiceClient::connect(w.grpc.clone()).await.unwrap();
+    let status = grpc.export(many).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(!status.details().is_empty(), "with RetryInfo");
 
     // the slow body arrives (padded with a field the decoder skips: unknown field 15, bytes)
     let pad = declared - body.len();
