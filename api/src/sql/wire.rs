@@ -282,10 +282,6 @@ impl FrameCheck {
     }
 }
 
-fn bad(what: String) -> Malformed {
-    Malformed(what)
-}
-
 fn be_i32(b: &[u8]) -> i32 {
     i32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
@@ -298,7 +294,7 @@ fn startup_frame(buf: &[u8]) -> Result<Option<(usize, i32)>, Malformed> {
     }
     let len = be_i32(buf);
     if len < 8 || len as usize > MAX_STARTUP_BYTES {
-        return Err(bad(format!(
+        return Err(Malformed(format!(
             "a start-up message of {len} bytes (8 to {MAX_STARTUP_BYTES} are valid)"
         )));
     }
@@ -309,10 +305,10 @@ fn startup_frame(buf: &[u8]) -> Result<Option<(usize, i32)>, Malformed> {
     let code = be_i32(&buf[4..8]);
     let body = &buf[8..len];
     match code {
-        SSL_REQUEST | GSSENC_REQUEST if len != 8 => Err(bad(format!(
+        SSL_REQUEST | GSSENC_REQUEST if len != 8 => Err(Malformed(format!(
             "an encryption request of {len} bytes (it has 8)"
         ))),
-        CANCEL_REQUEST if len < 16 => Err(bad(format!(
+        CANCEL_REQUEST if len < 16 => Err(Malformed(format!(
             "a cancel request of {len} bytes (it has 16 or more)"
         ))),
         SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => Ok(Some((len, code))),
@@ -341,13 +337,13 @@ fn typed_frame(buf: &[u8]) -> Result<Option<usize>, Malformed> {
     let len = be_i32(&buf[1..5]);
     let name = message_name(tag);
     if len < 4 {
-        return Err(bad(format!(
+        return Err(Malformed(format!(
             "{name} claims a length of {len}, under the 4 bytes of the length itself"
         )));
     }
     let len = len as usize;
     if len > MAX_MESSAGE_BYTES {
-        return Err(bad(format!(
+        return Err(Malformed(format!(
             "{name} of {len} bytes, over the {MAX_MESSAGE_BYTES} bytes a message may have"
         )));
     }
@@ -377,7 +373,7 @@ fn typed_frame(buf: &[u8]) -> Result<Option<usize>, Malformed> {
             for _ in 0..params {
                 let size = r.i32()?;
                 if size < -1 {
-                    return Err(bad(format!("{name}: a parameter of length {size}")));
+                    return Err(Malformed(format!("{name}: a parameter of length {size}")));
                 }
                 if size > 0 {
                     r.take(size as usize, "a parameter value")?;
@@ -437,7 +433,7 @@ impl<'a> Fields<'a> {
 
     pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], Malformed> {
         if self.rest.len() < n {
-            return Err(bad(format!(
+            return Err(Malformed(format!(
                 "{}: {what} needs {n} bytes, {} are left in the message",
                 self.name,
                 self.rest.len()
@@ -451,7 +447,7 @@ impl<'a> Fields<'a> {
     /// A NUL-terminated string, without its NUL.
     pub fn cstr(&mut self) -> Result<&'a [u8], Malformed> {
         let Some(end) = self.rest.iter().position(|&b| b == 0) else {
-            return Err(bad(format!(
+            return Err(Malformed(format!(
                 "{}: a string runs past the end of the message",
                 self.name
             )));
@@ -475,7 +471,7 @@ impl<'a> Fields<'a> {
         if self.rest.is_empty() {
             Ok(())
         } else {
-            Err(bad(format!(
+            Err(Malformed(format!(
                 "{}: {} bytes after its last field",
                 self.name,
                 self.rest.len()
