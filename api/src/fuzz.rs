@@ -79,10 +79,7 @@ proptest! {
     ) {
         let mut bytes = Vec::new();
         if startup {
-            let mut body = 196_608i32.to_be_bytes().to_vec();
-            body.extend_from_slice(b"user\0fuzz\0database\0weft\0\0");
-            bytes.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-            bytes.extend_from_slice(&body);
+            bytes = crate::sql::wire::tests::startup();
         }
         for m in messages {
             bytes.extend_from_slice(&m);

@@ -193,10 +193,7 @@ impl<S> Checked<S> {
     fn cut_frames(&mut self) {
         while self.fault.is_none() {
             match self.frames.next_frame(&self.pending) {
-                Ok(Some(n)) => {
-                    let frame = self.pending.split_to(n);
-                    self.passed.extend_from_slice(&frame);
-                }
+                Ok(Some(n)) => self.passed.unsplit(self.pending.split_to(n)),
                 Ok(None) => break,
                 Err(m) => self.fault = Some(m),
             }
@@ -492,7 +489,8 @@ pub(crate) mod tests {
         f
     }
 
-    fn startup() -> Vec<u8> {
+    /// A start-up message (protocol 3.0, a user and the `weft` database).
+    pub(crate) fn startup() -> Vec<u8> {
         let mut body = 196_608i32.to_be_bytes().to_vec();
         body.extend_from_slice(b"user\0u\0database\0weft\0\0");
         let mut f = ((body.len() + 4) as i32).to_be_bytes().to_vec();
@@ -503,23 +501,10 @@ pub(crate) mod tests {
     /// Runs `bytes` through the check, then hands what passed to pgwire's decoder, message by
     /// message, as the connection would: the count of decoded messages, and the fault if any.
     pub(crate) fn through(bytes: &[u8]) -> (usize, Option<Malformed>) {
-        let mut check = FrameCheck::default();
-        let mut at = 0;
-        let mut passed = BytesMut::new();
-        let mut fault = None;
-        while at < bytes.len() {
-            match check.next_frame(&bytes[at..]) {
-                Ok(Some(n)) => {
-                    passed.extend_from_slice(&bytes[at..at + n]);
-                    at += n;
-                }
-                Ok(None) => break,
-                Err(m) => {
-                    fault = Some(m);
-                    break;
-                }
-            }
-        }
+        // the stream's own check, on bytes already read
+        let mut checked = Checked::new((), BytesMut::from(bytes));
+        checked.cut_frames();
+        let (mut passed, fault) = (checked.passed, checked.fault);
         // the state after TLS negotiation: start-up next
         let mut ctx = DecodeContext::default();
         ctx.awaiting_frontend_ssl = false;

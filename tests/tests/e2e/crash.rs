@@ -233,7 +233,7 @@ async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_c
         acked.len()
     );
 
-    let stored = stored_span_ids(&w, "dup-crash", "").await;
+    let stored = stored_span_ids(&w, "dup-crash").await;
     let missing = acked.iter().filter(|id| !stored.contains_key(*id)).count();
     assert_eq!(missing, 0, "acknowledged spans missing of {}", acked.len());
     let twice = stored.values().filter(|&&n| n > 1).count();
@@ -241,11 +241,11 @@ async fn spans_acknowledged_to_either_of_two_senders_of_one_batch_survive_kill_c
 }
 
 /// How many times each span id of `service` is stored, counted through SQL (which does not
-/// de-duplicate); `and` adds a condition.
-async fn stored_span_ids(w: &Weft, service: &str, and: &str) -> HashMap<Vec<u8>, u64> {
+/// de-duplicate).
+async fn stored_span_ids(w: &Weft, service: &str) -> HashMap<Vec<u8>, u64> {
     let c = Client::new();
     let query = format!(
-        "SELECT span_id, count(*) AS n FROM spans WHERE service_name = '{service}' {and} \
+        "SELECT span_id, count(*) AS n FROM spans WHERE service_name = '{service}' \
          GROUP BY span_id"
     );
     let r = c
@@ -337,7 +337,7 @@ async fn kills_while_windows_fall_out_of_retention_leave_a_sound_store() {
         old.len()
     );
 
-    let stored = stored_span_ids(&w, "ret-fresh", "").await;
+    let stored = stored_span_ids(&w, "ret-fresh").await;
     let missing = fresh.iter().filter(|id| !stored.contains_key(*id)).count();
     assert_eq!(
         missing,
@@ -349,7 +349,7 @@ async fn kills_while_windows_fall_out_of_retention_leave_a_sound_store() {
         stored.values().all(|&n| n == 1),
         "fresh spans stored more than once"
     );
-    let served = stored_span_ids(&w, "ret-old", "").await;
+    let served = stored_span_ids(&w, "ret-old").await;
     assert!(
         served.is_empty(),
         "{} spans older than the retention are served",
