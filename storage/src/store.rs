@@ -22,7 +22,7 @@ use rocksdb::{
 };
 
 use crate::block::format::{Compression, decode_postings, decode_traces, encode_traces};
-use crate::block::reader::{ChunkSource, Postings, Rows, TraceRuns};
+use crate::block::reader::{ChunkSource, Postings, Rows, TermRuns, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry};
 use crate::cache::Bounded;
 use crate::clock::{Clock, SystemClock};
@@ -395,6 +395,8 @@ pub struct Store {
     postings: Bounded<Arc<Vec<(String, RoaringBitmap)>>>,
     /// Trace runs of blocks, by block key (from the blocks' trace summaries).
     trace_runs: Bounded<Arc<TraceRuns>>,
+    /// Term runs of postings dimensions (see [`TermRuns`]), by postings key, weighed in bytes.
+    term_runs: Bounded<Option<Arc<TermRuns>>>,
     /// Each metric block's series runs (series id, first row, rows), by block key.
     series_runs: Bounded<Arc<Vec<(u32, u32, u32)>>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
@@ -430,6 +432,8 @@ pub const CHUNK_CACHE_BYTES: usize = 128 << 20;
 pub const POSTINGS_CACHE_BYTES: usize = 64 << 20;
 /// Blocks whose trace runs are kept in memory (20 bytes a trace).
 const TRACE_RUNS_CACHE_ENTRIES: usize = 4_096;
+/// Bytes of term runs (see [`TermRuns`]) kept in memory.
+const TERM_RUNS_CACHE_BYTES: usize = 32 << 20;
 /// Bytes of matching rows (see [`Store::rows_matching`]) kept in memory.
 pub const MATCHES_CACHE_BYTES: usize = 32 << 20;
 
@@ -502,6 +506,7 @@ impl Store {
             chunks: Bounded::new(CHUNK_CACHE_BYTES),
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
+            term_runs: Bounded::new(TERM_RUNS_CACHE_BYTES),
             series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             stats: StoreStats::default(),
@@ -2030,6 +2035,20 @@ impl ChunkSource for ChunkFetcher<'_> {
         self.store
             .dimension_in(&self.tenant, self.signal, self.addr, dim)
             .map(Some)
+    }
+
+    fn term_runs(&self, dim: &str) -> Result<Option<Arc<TermRuns>>> {
+        let key = keys::postings(&self.tenant, self.signal, self.addr, dim);
+        if let Some(runs) = self.store.term_runs.get(&key) {
+            return Ok(runs);
+        }
+        let postings = self
+            .store
+            .dimension_in(&self.tenant, self.signal, self.addr, dim)?;
+        let runs = TermRuns::of(&postings).map(Arc::new);
+        let weight = key.len() + runs.as_ref().map_or(64, |r| r.weight());
+        self.store.term_runs.insert(key, weight, runs.clone());
+        Ok(runs)
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {

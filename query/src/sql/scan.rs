@@ -363,15 +363,17 @@ impl WeftScanExec {
     }
 
     /// A partition's work in groups read together: runs of consecutive pieces that each
-    /// select at most [`INLINE_READ_ROWS`] rows, up to `batch_size` rows a group; any other
-    /// piece alone.
+    /// select fewer than `batch_size` rows, up to `batch_size` rows a group; any other piece
+    /// alone. A group is one hand-off to a blocking thread (or none, when it is a few rows),
+    /// and one batch: an index-served scan of a store of big blocks (a few thousand rows
+    /// from each) pays neither per block.
     fn small_groups(&self, works: Vec<Work>, batch_size: usize) -> Vec<Vec<Work>> {
         let mut groups: Vec<Vec<Work>> = Vec::new();
         let mut rows = 0;
         let mut open = false;
         for w in works {
             let n = self.rows_in(w);
-            if n > INLINE_READ_ROWS {
+            if n >= batch_size {
                 groups.push(vec![w]);
                 open = false;
                 continue;
@@ -432,8 +434,9 @@ impl WeftScanExec {
 const SMALL_SCAN_ROWS: u64 = 8192;
 const SMALL_SCAN_BLOCKS: usize = 32;
 
-/// Blocks (and a head) with at most this many selected rows are read on the scan's own task
-/// rather than on a blocking thread.
+/// A piece of work read on its own (a trace-local join's pair of blocks) with at most this
+/// many selected rows is read on its own task rather than on a blocking thread; a scan's
+/// groups go by its batch size (see `small_groups`).
 pub(super) const INLINE_READ_ROWS: usize = 1024;
 
 /// A copy of a column that holds much more memory than its rows use (a few rows decoded
@@ -706,8 +709,8 @@ impl ExecutionPlan for WeftScanExec {
                     {
                         return Ok(Vec::new());
                     }
-                    let mut pieces = Vec::new();
-                    let mut blocks = 0;
+                    let mut reads = Vec::new();
+                    let mut selected_rows = 0;
                     for work in group {
                         if let Work::Block(i) = work
                             && !pruning.is_empty()
@@ -743,33 +746,43 @@ impl ExecutionPlan for WeftScanExec {
                         if selected == 0 {
                             continue;
                         }
-                        let t = this.clone();
-                        let decode = move || match (work, &narrowed) {
-                            (Work::Head, _) => t.source.read_head(&t.projection),
-                            (Work::Block(_), Some(b)) => {
-                                t.source.read_block(b, &t.projection).map(|c| vec![c])
-                            }
-                            (Work::Block(i), None) => t
-                                .source
-                                .read_block(&t.plan.blocks[i], &t.projection)
-                                .map(|c| vec![c]),
-                        };
-                        // A few rows of a block or of the head (an index-served query) read in
-                        // tens of microseconds: handing them to a blocking thread costs about
-                        // as much again in wake-ups, once per block.
-                        let columns = if selected <= INLINE_READ_ROWS {
-                            decode()?
-                        } else {
-                            tokio::task::spawn_blocking(decode)
-                                .await
-                                .map_err(|e| DataFusionError::External(Box::new(e)))??
-                        };
-                        if matches!(work, Work::Block(_)) {
-                            read.add(1);
-                            blocks += 1;
-                        }
-                        pieces.extend(columns);
+                        selected_rows += selected;
+                        reads.push((work, narrowed));
                     }
+                    let blocks = reads
+                        .iter()
+                        .filter(|(w, _)| matches!(w, Work::Block(_)))
+                        .count();
+                    let t = this.clone();
+                    let decode = move || -> Result<Vec<(usize, Vec<ArrayRef>)>> {
+                        let mut pieces = Vec::new();
+                        for (work, narrowed) in &reads {
+                            match (work, narrowed) {
+                                (Work::Head, _) => {
+                                    pieces.extend(t.source.read_head(&t.projection)?)
+                                }
+                                (Work::Block(_), Some(b)) => {
+                                    pieces.push(t.source.read_block(b, &t.projection)?)
+                                }
+                                (Work::Block(i), None) => pieces
+                                    .push(t.source.read_block(&t.plan.blocks[*i], &t.projection)?),
+                            }
+                        }
+                        Ok(pieces)
+                    };
+                    // Fewer rows than a batch (an index-served query's rows of a few blocks,
+                    // or of the head) read in about the time an operator takes over a batch:
+                    // on the scan's own task, as operators run. Handing each such read to a
+                    // blocking thread and back costs wake-ups on both sides, which on a
+                    // machine of few cores made a selective scan half as slow again.
+                    let mut pieces = if selected_rows < batch_size {
+                        decode()?
+                    } else {
+                        tokio::task::spawn_blocking(decode)
+                            .await
+                            .map_err(|e| DataFusionError::External(Box::new(e)))??
+                    };
+                    read.add(blocks);
                     if pieces.len() > 1 && pieces.iter().map(|p| p.0).sum::<usize>() <= batch_size {
                         pieces = vec![concat_pieces(pieces)?];
                         together.add(blocks);

@@ -118,8 +118,68 @@ fn memory_block(spans: &[SpanRecord]) -> (super::BlockMeta, Mem) {
     (built.meta, mem)
 }
 
+/// Postings alone, for reading a postings dimension's terms.
+struct OnlyPostings(Arc<Postings>);
+
+impl ChunkSource for OnlyPostings {
+    fn chunk(&self, _column: &str) -> Result<Option<Bytes>> {
+        Ok(None)
+    }
+    fn postings(&self, _dim: &str) -> Result<Option<Arc<Postings>>> {
+        Ok(Some(self.0.clone()))
+    }
+}
+
+/// Rows in runs of 1 to 40, each run holding one of a few terms or none.
+fn runs_of_terms() -> impl Strategy<Value = Vec<Option<u8>>> {
+    vec((1usize..40, prop::option::weighted(0.8, 0u8..6)), 1..60)
+        .prop_map(|runs| runs.into_iter().flat_map(|(n, t)| vec![t; n]).collect())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn postings_terms_give_each_row_its_term(
+        held in runs_of_terms(),
+        pick in vec(any::<bool>(), 0..2_400),
+        range in (0u32..2_400, 0u32..2_400),
+    ) {
+        let total = held.len() as u32;
+        let mut by_term: std::collections::BTreeMap<u8, RoaringBitmap> = Default::default();
+        for (row, t) in held.iter().enumerate() {
+            if let Some(t) = t {
+                by_term.entry(*t).or_default().insert(row as u32);
+            }
+        }
+        let postings: Postings = by_term
+            .into_iter()
+            .map(|(t, rows)| (format!("t{t}"), rows))
+            .collect();
+        let meta = crate::block::BlockMeta {
+            rows: total,
+            min_start: 0,
+            max_start: 0,
+            max_end: 0,
+            columns: Vec::new(),
+        };
+        let reader = BlockReader::new(&meta, OnlyPostings(Arc::new(postings)));
+        let set: RoaringBitmap = (0..total).filter(|&r| pick.get(r as usize) == Some(&true)).collect();
+        let (start, len) = (range.0 % total, range.1 % total);
+        let len = len.min(total - start);
+        for rows in [Rows::All, Rows::Range(start, len), Rows::Set(set)] {
+            let got = reader
+                .postings_terms("d", &rows, &arrow::datatypes::DataType::Utf8)
+                .unwrap();
+            let got = got.as_any().downcast_ref::<arrow::array::StringArray>().unwrap();
+            let got: Vec<Option<String>> = got.iter().map(|v| v.map(str::to_owned)).collect();
+            let want: Vec<Option<String>> = rows
+                .iter(total)
+                .map(|r| held[r as usize].map(|t| format!("t{t}")))
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn the_head_codec_round_trips_any_spans(spans in vec(span(), 0..40)) {

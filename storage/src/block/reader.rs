@@ -123,6 +123,14 @@ pub trait ChunkSource {
     fn postings(&self, _dim: &str) -> Result<Option<Arc<Postings>>> {
         Ok(None)
     }
+    /// The runs of terms of one of the block's postings dimensions (see [`TermRuns`]), if its
+    /// rows hold one term each; sources that keep them override this to build them once.
+    fn term_runs(&self, dim: &str) -> Result<Option<Arc<TermRuns>>> {
+        Ok(self
+            .postings(dim)?
+            .and_then(|p| TermRuns::of(&p))
+            .map(Arc::new))
+    }
 }
 
 /// Where each row of a row set is in it: a table over the set's span when the set is dense
@@ -194,6 +202,81 @@ impl TraceRuns {
             run as u32
         })
         .collect()
+    }
+}
+
+/// Which term of one postings dimension each row of a block holds, as runs of rows sorted by
+/// their first row: a dimension's value of many rows is then found by one walk over the rows,
+/// not by intersecting every term's rows with them (a cost that grows with the terms and, on
+/// bigger blocks, with the rows of each). Request dimensions come in long runs (a request's
+/// spans are consecutive rows and share its values), so this is a few runs per trace.
+#[derive(Debug, Default)]
+pub struct TermRuns {
+    starts: Vec<u32>,
+    /// One past the last row of each run.
+    ends: Vec<u32>,
+    terms: Vec<u32>,
+}
+
+impl TermRuns {
+    /// The runs of `postings`; `None` when two terms claim one row (a dimension holding several
+    /// values per row), which runs cannot say.
+    pub fn of(postings: &Postings) -> Option<Self> {
+        let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+        for (t, (_, rows)) in postings.iter().enumerate() {
+            let mut current: Option<(u32, u32)> = None;
+            for row in rows {
+                current = match current {
+                    Some((start, end)) if end == row => Some((start, row + 1)),
+                    Some((start, end)) => {
+                        runs.push((start, end, t as u32));
+                        Some((row, row + 1))
+                    }
+                    None => Some((row, row + 1)),
+                };
+            }
+            if let Some((start, end)) = current {
+                runs.push((start, end, t as u32));
+            }
+        }
+        runs.sort_unstable_by_key(|r| r.0);
+        if runs.windows(2).any(|w| w[0].1 > w[1].0) {
+            return None;
+        }
+        let mut out = Self {
+            starts: Vec::with_capacity(runs.len()),
+            ends: Vec::with_capacity(runs.len()),
+            terms: Vec::with_capacity(runs.len()),
+        };
+        for (start, end, term) in runs {
+            out.starts.push(start);
+            out.ends.push(end);
+            out.terms.push(term);
+        }
+        Some(out)
+    }
+
+    /// Bytes held, for a cache's weight.
+    pub fn weight(&self) -> usize {
+        self.starts.len() * 12 + 64
+    }
+
+    /// The term of each of `rows` (ascending), `None` where a row holds none: the run at the
+    /// cursor and the next are checked first (rows of one trace are consecutive), then the
+    /// rest is searched.
+    fn terms_of(&self, rows: impl Iterator<Item = u32>, mut put: impl FnMut(usize, u32)) {
+        let mut run = 0usize;
+        for (at, row) in rows.enumerate() {
+            if self.starts.get(run + 1).is_some_and(|&s| s <= row) {
+                run += 1;
+                if self.starts.get(run + 1).is_some_and(|&s| s <= row) {
+                    run += self.starts[run + 1..].partition_point(|&s| s <= row);
+                }
+            }
+            if self.starts.get(run).is_some_and(|&s| s <= row) && row < self.ends[run] {
+                put(at, self.terms[run]);
+            }
+        }
     }
 }
 
@@ -535,7 +618,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// Start times and durations of a few rows of a block whose two chunks are bit-packed:
     /// each row's start is rebuilt from the first row of its trace run or page (whichever is
     /// later), or from the row asked before it when that lies between, reading only those
-    /// rows' gaps and durations. `None` when a chunk is not bit-packed.
+    /// rows' gaps and durations. `None` when a chunk is not bit-packed, or when the rows to
+    /// read on the way are more than half the block.
     fn sparse_times(
         &self,
         set: &RoaringBitmap,
@@ -562,6 +646,13 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             ));
         }
         let reads = sparse_reads(set, run_starts);
+        // Each read rebuilds its row from the row holding an absolute time: rows deep inside
+        // long trace runs (a merged block holds whole traces) read many rows each. Past half
+        // the block's rows in all, the block decoded whole, in order, costs less.
+        let volume: u64 = reads.iter().map(|r| u64::from(r.row + 1 - r.from)).sum();
+        if volume * 2 > u64::from(total) {
+            return Ok(None);
+        }
         let (mut gap_cursor, mut duration_cursor) = (gaps.cursor(), durations.cursor());
         let (mut gap_ahead, mut duration_ahead) = (gaps.cursor(), durations.cursor());
         let (mut gap_run, mut duration_run) = (Vec::new(), Vec::new());
@@ -766,19 +857,30 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let n = rows.len(self.meta.rows);
         let postings = self.source.postings(dim)?.unwrap_or_default();
         let mut keys: Vec<Option<u32>> = vec![None; n];
-        let mut positions = None;
-        for (t, (_, held)) in postings.iter().enumerate() {
-            match rows {
-                Rows::All => held.iter().for_each(|r| keys[r as usize] = Some(t as u32)),
-                Rows::Range(start, _) => rows
-                    .intersect(held)
-                    .iter()
-                    .for_each(|r| keys[(r - start) as usize] = Some(t as u32)),
-                Rows::Set(set) => {
-                    let position = positions.get_or_insert_with(|| Positions::of(set));
-                    (held & set)
-                        .iter()
-                        .for_each(|r| keys[position.of_row(r)] = Some(t as u32));
+        match self.source.term_runs(dim)? {
+            Some(runs) => {
+                let put = |at: usize, t: u32| keys[at] = Some(t);
+                match rows {
+                    Rows::All => runs.terms_of(0..self.meta.rows, put),
+                    Rows::Range(start, len) => runs.terms_of(*start..start + len, put),
+                    Rows::Set(set) => runs.terms_of(set.iter(), put),
+                }
+            }
+            // several terms on a row: each term's rows, the last term a row is in winning
+            None => {
+                let positions = match rows {
+                    Rows::Set(set) => Some(Positions::of(set)),
+                    _ => None,
+                };
+                for (t, (_, held)) in postings.iter().enumerate() {
+                    for r in &rows.intersect(held) {
+                        let at = match (rows, &positions) {
+                            (Rows::Range(start, _), _) => (r - start) as usize,
+                            (_, Some(p)) => p.of_row(r),
+                            _ => r as usize,
+                        };
+                        keys[at] = Some(t as u32);
+                    }
                 }
             }
         }

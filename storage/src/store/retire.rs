@@ -91,8 +91,8 @@ impl Store {
         Ok(true)
     }
 
-    /// Deletes blocks' data, graves and cached entries, then the split keys of traces no block
-    /// holds any more, then compacts their key ranges.
+    /// Deletes blocks' data, graves and cached entries, then the split keys of traces one
+    /// block at most holds now, then compacts their key ranges.
     pub(super) fn delete_blocks(&self, dead: &[Dead]) -> Result<()> {
         let data = self.cf(CF_DATA);
         let meta = self.cf(CF_META);
@@ -128,9 +128,11 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes the split keys of those traces that no block holds any more (their blocks
-    /// went with retention), so that the keys do not outlive the data. Under the flush lock:
-    /// a flush decides which split keys to write from the known ones.
+    /// Deletes the split keys of those traces that one block at most holds now: their other
+    /// blocks went with retention, or were merged into the one that holds the whole trace now
+    /// (a query resolves the request values of a split trace's rows over all its blocks, each
+    /// time: a merged trace kept split would cost that for nothing). Under the flush lock: a
+    /// flush decides which split keys to write from the known ones and the trace-id index.
     fn forget_splits(&self, mut split: Vec<(&TenantId, TraceId)>) -> Result<()> {
         if split.is_empty() {
             return Ok(());
@@ -142,7 +144,8 @@ impl Store {
         for (tenant, trace) in split {
             if self
                 .trace_locations_of(tenant, Signal::Spans, &trace)?
-                .is_empty()
+                .len()
+                <= 1
             {
                 gone.push((tenant, trace));
             }
@@ -183,6 +186,7 @@ impl Store {
         self.chunks.retain(live);
         self.postings.retain(live);
         self.trace_runs.retain(live);
+        self.term_runs.retain(live);
         self.matches.retain(live);
     }
 

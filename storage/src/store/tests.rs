@@ -908,8 +908,17 @@ fn small_blocks_of_a_window_are_merged_and_every_read_is_unchanged() {
     let before = store.blocks(&t).len();
     assert!(before >= 20, "{before} small blocks");
     let keys_before = store.rocksdb_property("rocksdb.estimate-num-keys");
+    let split_before = store.snapshot(&t).splits.len();
+    assert!(split_before > 0);
     assert!(store.merge_small_blocks().unwrap());
     let after = store.blocks(&t);
+    // a trace is split exactly when more than one block holds it: merged whole, it is not
+    let split_after = store.snapshot(&t).splits.clone();
+    assert!(split_after.len() < split_before);
+    for id in by_trace(&spans).keys() {
+        let blocks = store.trace_locations(&t, id).unwrap().len();
+        assert_eq!(split_after.contains(id), blocks > 1, "{blocks} blocks");
+    }
     let windows: HashSet<u64> = after.iter().map(|(a, _)| a.window).collect();
     assert!(
         after.len() <= windows.len() * (spans.len() / 500 + 2),
@@ -1111,7 +1120,7 @@ fn rows_of_a_tenant_past_max_tenants_are_refused_and_known_tenants_go_on() {
 }
 
 /// A trace's split key (it has rows in several blocks) goes when retention has taken every
-/// block that holds the trace, and stays while one is left; after a restart too.
+/// block that holds the trace but one, and stays while two are left; after a restart too.
 #[test]
 fn split_keys_go_with_the_last_block_of_their_trace() {
     use crate::clock::ManualClock;
@@ -1122,11 +1131,20 @@ fn split_keys_go_with_the_last_block_of_their_trace() {
     let dir = tempfile::tempdir().unwrap();
     let opts = two_hours_for(&a, clock.clone());
     let store = Store::open(dir.path(), opts.clone()).unwrap();
-    // trace 1: two blocks of window 0; trace 2: a block of window 0 and one of window 2
+    // trace 1: two blocks of window 0; trace 2: a block of window 0 and two of window 2;
+    // trace 3: a block of window 0 and one of window 2
     for batch in [
-        vec![span_at(1, 1, t0 + 10), span_at(2, 1, t0 + 20)],
+        vec![
+            span_at(1, 1, t0 + 10),
+            span_at(2, 1, t0 + 20),
+            span_at(3, 1, t0 + 25),
+        ],
         vec![span_at(1, 2, t0 + 30)],
-        vec![span_at(2, 2, t0 + 2 * H + 10)],
+        vec![
+            span_at(2, 2, t0 + 2 * H + 10),
+            span_at(3, 2, t0 + 2 * H + 15),
+        ],
+        vec![span_at(2, 3, t0 + 2 * H + 20)],
     ] {
         store.append(&a, batch).unwrap();
         store.flush(true).unwrap();
@@ -1143,13 +1161,14 @@ fn split_keys_go_with_the_last_block_of_their_trace() {
             .filter(|i| keys::split(&i.as_ref().unwrap().0).is_some_and(|p| p.kind == keys::SPLIT))
             .count()
     };
-    assert_eq!(split(&store), vec![1, 2]);
-    assert_eq!(split_keys(&store), 2);
-    // window 0 falls out: trace 1 has no block left, trace 2 has one
+    assert_eq!(split(&store), vec![1, 2, 3]);
+    assert_eq!(split_keys(&store), 3);
+    // window 0 falls out: trace 1 has no block left, trace 2 two, trace 3 one
     clock.set(UnixNanos(t0 + 3 * H + H / 2));
     store.enforce_retention().unwrap();
     store.enforce_retention().unwrap();
-    assert_eq!(store.trace(&a, &TraceId([2; 16])).unwrap().len(), 1);
+    assert_eq!(store.trace(&a, &TraceId([2; 16])).unwrap().len(), 2);
+    assert_eq!(store.trace(&a, &TraceId([3; 16])).unwrap().len(), 1);
     assert_eq!(split(&store), vec![2]);
     assert_eq!(split_keys(&store), 1);
     drop(store);
