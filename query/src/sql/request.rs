@@ -40,7 +40,7 @@ pub struct HeadRequests {
     known: Mutex<HashMap<(BlockAddr, &'static str), Arc<RoaringBitmap>>>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
     /// blocks all ask for it), each with the resolution that holds it.
-    whole: Mutex<HashMap<TraceId, Arc<TraceRequests>>>,
+    whole: Mutex<HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>>,
 }
 
 impl HeadRequests {
@@ -111,7 +111,7 @@ impl HeadRequests {
         tenant: &TenantId,
         snapshot: &Snapshot,
         traces: &[TraceId],
-    ) -> Result<HashMap<TraceId, Arc<TraceRequests>>> {
+    ) -> Result<HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>> {
         let missing: Vec<TraceId> = {
             let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
             traces
@@ -315,17 +315,24 @@ pub fn fix_block(
             _ => row as usize,
         }
     };
+    // each late row's place among its trace's resolved values, looked up once for every column
+    let mut found: Vec<(usize, Option<(&TraceRequests, usize)>)> = late
+        .iter()
+        .zip(&spans)
+        .zip(&traces)
+        .map(|((row, span), trace)| {
+            let at = whole
+                .get(trace)
+                .and_then(|t| Some((t.as_ref(), t.row(trace, span)?)));
+            (position(row), at)
+        })
+        .collect();
+    found.sort_unstable_by_key(|p| p.0);
     for (slot, array) in columns.iter_mut() {
-        let mut patch: Vec<(usize, Option<&Value>)> = late
+        let patch: Vec<(usize, Option<&Value>)> = found
             .iter()
-            .zip(&spans)
-            .zip(&traces)
-            .map(|((row, span), trace)| {
-                let value = whole.get(trace).and_then(|t| t.get(trace, span, *slot));
-                (position(row), value)
-            })
+            .map(|(at, f)| (*at, f.and_then(|(t, row)| t.value(row, *slot))))
             .collect();
-        patch.sort_unstable_by_key(|p| p.0);
         **array = patched(array, &patch);
     }
     Ok(())

@@ -88,7 +88,9 @@ fn block_links(
 #[derive(Debug, Default)]
 pub struct TraceRequests {
     values: Vec<Value>,
-    spans: HashMap<(TraceId, SpanId), u32>,
+    /// Looked up once per late row of every query that reads a request column: a fast hash,
+    /// seeded per process (the ids are the clients').
+    spans: HashMap<(TraceId, SpanId), u32, foldhash::fast::RandomState>,
     slots: Vec<Option<u32>>,
     dims: usize,
 }
@@ -96,8 +98,17 @@ pub struct TraceRequests {
 impl TraceRequests {
     /// A span's value of request dimension `slot`.
     pub fn get(&self, trace: &TraceId, span: &SpanId, slot: usize) -> Option<&Value> {
-        let row = *self.spans.get(&(*trace, *span))? as usize;
-        let v = self.slots[row * self.dims + slot]?;
+        self.value(self.row(trace, span)?, slot)
+    }
+
+    /// Where a span's values are, for [`Self::value`].
+    pub fn row(&self, trace: &TraceId, span: &SpanId) -> Option<usize> {
+        self.spans.get(&(*trace, *span)).map(|&r| r as usize)
+    }
+
+    /// The value of request dimension `slot` of the span at `row` (see [`Self::row`]).
+    pub fn value(&self, row: usize, slot: usize) -> Option<&Value> {
+        let v = (*self.slots.get(row * self.dims + slot)?)?;
         self.values.get(v as usize)
     }
 
