@@ -186,23 +186,32 @@ impl TraceRuns {
         Self { starts, ids }
     }
 
-    /// The run index of each of the given rows (ascending): the next run is checked first
-    /// (rows read in full), then the rest is searched (a few rows picked out of thousands of
-    /// runs by an index).
+    /// The run index of each of the given rows (ascending).
     pub fn runs_of(&self, rows: impl Iterator<Item = u32>) -> Vec<u32> {
-        let mut run = 0usize;
-        rows.map(|row| {
-            let next = |r: usize| self.starts.get(r + 1).is_some_and(|&s| s <= row);
-            if next(run) {
-                run += 1;
-                if next(run) {
-                    run += self.starts[run + 1..].partition_point(|&s| s <= row);
-                }
-            }
-            run as u32
-        })
-        .collect()
+        run_of_each(&self.starts, rows)
+            .map(|(_, run)| run as u32)
+            .collect()
     }
+}
+
+/// Each of `rows` (ascending) with the index of the last of `starts` (ascending) at or before
+/// it (0 when none is): the next start is checked first (rows read in full), then the rest is
+/// searched (a few rows picked out of thousands of runs by an index).
+fn run_of_each<'s>(
+    starts: &'s [u32],
+    rows: impl Iterator<Item = u32> + 's,
+) -> impl Iterator<Item = (u32, usize)> + 's {
+    let mut run = 0usize;
+    rows.map(move |row| {
+        let next = |r: usize| starts.get(r + 1).is_some_and(|&s| s <= row);
+        if next(run) {
+            run += 1;
+            if next(run) {
+                run += starts[run + 1..].partition_point(|&s| s <= row);
+            }
+        }
+        (row, run)
+    })
 }
 
 /// Which term of one postings dimension each row of a block holds, as runs of rows sorted by
@@ -261,18 +270,10 @@ impl TermRuns {
         self.starts.len() * 12 + 64
     }
 
-    /// The term of each of `rows` (ascending), `None` where a row holds none: the run at the
-    /// cursor and the next are checked first (rows of one trace are consecutive), then the
-    /// rest is searched.
+    /// The term of each of `rows` (ascending), given to `put` with the row's position; rows
+    /// holding none are left out.
     fn terms_of(&self, rows: impl Iterator<Item = u32>, mut put: impl FnMut(usize, u32)) {
-        let mut run = 0usize;
-        for (at, row) in rows.enumerate() {
-            if self.starts.get(run + 1).is_some_and(|&s| s <= row) {
-                run += 1;
-                if self.starts.get(run + 1).is_some_and(|&s| s <= row) {
-                    run += self.starts[run + 1..].partition_point(|&s| s <= row);
-                }
-            }
+        for (at, (row, run)) in run_of_each(&self.starts, rows).enumerate() {
             if self.starts.get(run).is_some_and(|&s| s <= row) && row < self.ends[run] {
                 put(at, self.terms[run]);
             }
