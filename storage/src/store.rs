@@ -401,6 +401,8 @@ pub struct Store {
     series_runs: Bounded<Arc<Vec<(u32, u32, u32)>>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
+    /// Split traces' request values, resolved over the current blocks.
+    resolved: request::ResolvedSplits,
     pub stats: StoreStats,
     /// Full text over log records (see [`crate::text`]).
     text: crate::text::TextIndex,
@@ -509,6 +511,7 @@ impl Store {
             term_runs: Bounded::new(TERM_RUNS_CACHE_BYTES),
             series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
+            resolved: Default::default(),
             stats: StoreStats::default(),
             text,
             text_pending: Default::default(),
@@ -2093,7 +2096,7 @@ mod request;
 mod retire;
 
 pub use check::{CheckReport, check};
-pub use request::TraceRequests;
+pub use request::{ResolvedTraces, TraceRequests};
 
 pub use logs::{BodyTest, LogScan, TextHits};
 pub use metrics::{MetricScan, SeriesCatalog};

@@ -121,19 +121,35 @@ impl HeadRequests {
                 .collect()
         };
         if !missing.is_empty() {
-            let resolved = Arc::new(
-                store
-                    .resolve_traces(
-                        tenant,
-                        snapshot,
-                        &missing,
-                        &self.head_rows(snapshot, &missing),
-                    )
-                    .map_err(storage_err)?,
-            );
+            // traces without head rows resolve over blocks alone: kept across queries
+            let (in_head, stored): (Vec<TraceId>, Vec<TraceId>) = missing
+                .into_iter()
+                .partition(|t| self.traces.contains_key(t));
+            let stored = store
+                .resolve_stored_traces(tenant, snapshot, &stored)
+                .map_err(storage_err)?;
+            let with_head = if in_head.is_empty() {
+                None
+            } else {
+                Some(Arc::new(
+                    store
+                        .resolve_traces(
+                            tenant,
+                            snapshot,
+                            &in_head,
+                            &self.head_rows(snapshot, &in_head),
+                        )
+                        .map_err(storage_err)?,
+                ))
+            };
             let mut known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
-            for t in missing {
-                known.entry(t).or_insert_with(|| resolved.clone());
+            for (t, r) in stored {
+                known.entry(t).or_insert(r);
+            }
+            if let Some(resolved) = with_head {
+                for t in in_head {
+                    known.entry(t).or_insert_with(|| resolved.clone());
+                }
             }
         }
         let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());

@@ -9,16 +9,16 @@
 //! split keys in the meta column family and in memory, handed to readers with each snapshot,
 //! so that a reader resolves open rows again over the whole trace only for split traces.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use rocksdb::WriteBatch;
 
 use super::{CF_META, Snapshot, Store};
-use crate::block::BuiltBlock;
 use crate::block::reader::Rows;
+use crate::block::{BlockMeta, BuiltBlock};
 use crate::error::Result;
-use crate::keys::{self, Signal};
+use crate::keys::{self, BlockAddr, Signal};
 use crate::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use crate::request;
 
@@ -125,7 +125,69 @@ impl TraceRequests {
     pub fn traces(&self) -> impl Iterator<Item = TraceId> + '_ {
         self.spans.keys().map(|(t, _)| *t)
     }
+
+    /// Bytes held, roughly (map entries, slots, values).
+    fn weight(&self) -> usize {
+        let values: usize = self
+            .values
+            .iter()
+            .map(|v| {
+                std::mem::size_of::<Value>()
+                    + match v {
+                        Value::Str(s) => s.len(),
+                        _ => 0,
+                    }
+            })
+            .sum();
+        self.spans.capacity() * 48 + self.slots.capacity() * 8 + values
+    }
 }
+
+/// Bytes of resolved split traces kept across queries (see [`ResolvedSplits`]).
+const RESOLVED_CACHE_BYTES: usize = 32 << 20;
+
+/// Split traces resolved over a tenant's blocks, kept across queries. Blocks never change
+/// once written, so a trace with no rows in the head resolves the same way for as long as the
+/// tenant's block set is the same; each tenant's entry holds the set it was resolved over
+/// (its `Arc`, so a flush, merge or deletion makes a new set, never changes this one) and
+/// serves only snapshots of that very set.
+#[derive(Default)]
+pub(super) struct ResolvedSplits(Mutex<ResolvedInner>);
+
+#[derive(Default)]
+struct ResolvedInner {
+    weight: usize,
+    tenants: HashMap<TenantId, Resolved>,
+}
+
+struct Resolved {
+    blocks: Arc<BTreeMap<BlockAddr, Arc<BlockMeta>>>,
+    traces: HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>,
+    weight: usize,
+}
+
+impl ResolvedSplits {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ResolvedInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the entries of some tenants (their blocks are being deleted).
+    pub(super) fn forget(&self, gone: impl Fn(&TenantId) -> bool) {
+        let mut inner = self.lock();
+        let mut dropped = 0;
+        inner.tenants.retain(|t, r| {
+            let kept = !gone(t);
+            if !kept {
+                dropped += r.weight;
+            }
+            kept
+        });
+        inner.weight -= dropped;
+    }
+}
+
+/// Traces' resolutions, by trace (several traces may share one).
+pub type ResolvedTraces = HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>;
 
 /// The traces of the blocks one flush or merge writes, and those found split.
 #[derive(Default)]
@@ -135,6 +197,69 @@ pub(super) struct SplitNotes {
 }
 
 impl Store {
+    /// [`Self::resolve_traces`] of traces that have no rows in the snapshot's head (the
+    /// caller's to know), kept across queries while the tenant's block set stays the same.
+    pub fn resolve_stored_traces(
+        &self,
+        tenant: &TenantId,
+        snapshot: &Snapshot,
+        traces: &[TraceId],
+    ) -> Result<ResolvedTraces> {
+        let mut out = ResolvedTraces::default();
+        let mut missing = Vec::new();
+        {
+            let cache = self.resolved.lock();
+            let same = cache
+                .tenants
+                .get(tenant)
+                .filter(|r| Arc::ptr_eq(&r.blocks, &snapshot.blocks));
+            for t in traces {
+                match same.and_then(|r| r.traces.get(t)) {
+                    Some(hit) => {
+                        out.insert(*t, hit.clone());
+                    }
+                    None => missing.push(*t),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let resolved = Arc::new(self.resolve_traces(tenant, snapshot, &missing, &[])?);
+        for t in &missing {
+            out.insert(*t, resolved.clone());
+        }
+        let weight = resolved.weight();
+        if weight <= RESOLVED_CACHE_BYTES / 4 {
+            let mut cache = self.resolved.lock();
+            if cache.weight + weight > RESOLVED_CACHE_BYTES {
+                cache.tenants.clear(); // crude but bounded
+                cache.weight = 0;
+            }
+            let stale = cache
+                .tenants
+                .get(tenant)
+                .is_some_and(|r| !Arc::ptr_eq(&r.blocks, &snapshot.blocks));
+            if stale && let Some(old) = cache.tenants.remove(tenant) {
+                cache.weight -= old.weight;
+            }
+            let entry = cache
+                .tenants
+                .entry(tenant.clone())
+                .or_insert_with(|| Resolved {
+                    blocks: snapshot.blocks.clone(),
+                    traces: Default::default(),
+                    weight: 0,
+                });
+            entry.weight += weight;
+            for t in missing {
+                entry.traces.insert(t, resolved.clone());
+            }
+            cache.weight += weight;
+        }
+        Ok(out)
+    }
+
     /// Notes the traces of a span block about to be written; with `check_index`, also those
     /// that stored blocks already hold (a merge rewrites blocks whose splits are noted).
     pub(super) fn note_splits(

@@ -188,6 +188,8 @@ impl Store {
         self.trace_runs.retain(live);
         self.term_runs.retain(live);
         self.matches.retain(live);
+        let tenants: HashSet<&TenantId> = dead.iter().map(|(t, _, _)| t).collect();
+        self.resolved.forget(|t| tenants.contains(t));
     }
 
     /// Compacts the key ranges deleted blocks occupied, per tenant and kind, so that their

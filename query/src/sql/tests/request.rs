@@ -230,6 +230,37 @@ fn request_columns_match_a_naive_ancestor_walk() {
     check(&f);
     store.flush(true).unwrap();
     check(&f);
+
+    // a token arriving late under a generate span stored blocks ago: the split traces resolved
+    // for the queries above (kept across queries) are resolved again over the new blocks
+    let late: Vec<SpanRecord> = groups
+        .iter()
+        .filter(|(g, s)| *g == 1 && s.name == "llm.generate")
+        .map(|(_, s)| SpanRecord {
+            span_id: SpanId([0x5a; 8]),
+            parent_span_id: Some(s.span_id),
+            name: "llm.decode".into(),
+            start: UnixNanos(s.start.0 + 400),
+            end: UnixNanos(s.start.0 + 500),
+            attributes: vec![KeyValue::new("llm.token.index", Value::Int(99))],
+            ..s.clone()
+        })
+        .collect();
+    assert!(!late.is_empty());
+    store.append(&tenant, late.clone()).unwrap();
+    store.flush(true).unwrap();
+    let mut all = all;
+    all.extend(late);
+    let Fixture {
+        _dir: dir, engine, ..
+    } = f;
+    let f = Fixture {
+        _dir: dir,
+        engine,
+        spans: all,
+        tenant,
+    };
+    check(&f);
 }
 
 #[test]
