@@ -1,7 +1,8 @@
 //! Which filters of a query the store can use, and what they select: time bounds that skip
 //! blocks, trace ids answered by the trace-id index, and equalities on indexed dimensions
-//! answered by roaring-bitmap postings. Every pushed filter is also applied by DataFusion
-//! afterwards (they are `Inexact`), so push-down only ever narrows what is read.
+//! answered by roaring-bitmap postings. A filter the store answers exactly (see
+//! [`Pushdown::exact`]) is not applied again; any other pushed filter is (`Inexact`), so that
+//! push-down only ever narrows what is read.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,9 +23,26 @@ use weft_storage::terms::TermFilter;
 use super::columns::{SpanCol, SpanColumns, dedicated_value};
 use super::request::HeadRequests;
 
-/// The rows of a block whose request values must be resolved over their whole trace.
-pub type LateRows<'a> =
-    &'a dyn Fn(BlockAddr, &BlockMeta, &[&'static str]) -> datafusion::error::Result<RoaringBitmap>;
+/// What selecting rows by request columns needs beyond a block's postings: the rows whose
+/// request values must be resolved over their whole trace (see [`super::request::late_rows`]).
+pub trait LateRows {
+    /// The rows of a block whose values of the request dimensions `dims` (postings dimension
+    /// names) its postings cannot give.
+    fn late(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        dims: &[&'static str],
+    ) -> datafusion::error::Result<RoaringBitmap>;
+    /// Those of `rows` (late rows of the block) whose request values, resolved over their
+    /// whole traces, pass the pushed request filters.
+    fn passing(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        rows: &RoaringBitmap,
+    ) -> datafusion::error::Result<RoaringBitmap>;
+}
 
 /// What a query's filters let the store skip. Bounds are inclusive, in Unix nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -192,6 +210,12 @@ impl Pushdown {
                     let d = &DEDICATED[*i];
                     d.indexed && matches!(d.ty, ColumnType::Str | ColumnType::Int)
                 }
+                // inherited postings give the rows whose value is final in their block, and
+                // the scan resolves the others over their trace before selecting them (see
+                // `ScanPlan::build_with`); the head's rows are matched on resolved values
+                SpanCol::Request(i) => {
+                    matches!(DEDICATED[*i].ty, ColumnType::Str | ColumnType::Int)
+                }
                 _ => false,
             };
             exact.then_some(c)
@@ -200,7 +224,9 @@ impl Pushdown {
         fn values_fit<'e>(c: &SpanCol, values: impl IntoIterator<Item = &'e Expr>) -> bool {
             values.into_iter().all(|v| {
                 literal(v).is_some_and(|v| match c {
-                    SpanCol::Dedicated(i) if DEDICATED[*i].ty == ColumnType::Int => {
+                    SpanCol::Dedicated(i) | SpanCol::Request(i)
+                        if DEDICATED[*i].ty == ColumnType::Int =>
+                    {
                         term(c, v).is_some()
                     }
                     _ => text(v).is_some(),
@@ -481,16 +507,17 @@ impl ScanPlan {
         Self::build_with(store, tenant, snapshot, p, use_pushdown, None)
     }
 
-    /// [`Self::build`]; `late` gives the rows of a block whose request values its postings
-    /// cannot give (see [`super::request::late_rows`]): with a request column filtered, they
-    /// are read whatever their postings say, and the filter is applied once they are resolved.
+    /// [`Self::build`]; with a request column filtered, `late` gives the rows of a block whose
+    /// request values its postings cannot give (see [`super::request::late_rows`]) and which of
+    /// them pass once resolved over their trace: those are selected with the rows the postings
+    /// select, so that the selection is exact.
     pub fn build_with(
         store: &Store,
         tenant: &TenantId,
         snapshot: &Snapshot,
         p: &Pushdown,
         use_pushdown: bool,
-        late: Option<LateRows<'_>>,
+        late: Option<&dyn LateRows>,
     ) -> datafusion::error::Result<Self> {
         let err = |e: weft_storage::StorageError| {
             datafusion::error::DataFusionError::External(Box::new(e))
@@ -551,12 +578,21 @@ impl ScanPlan {
                     .rows_matching(tenant, *addr, meta, filter)
                     .map_err(err)?;
                 if let (Some(late), Some(others)) = (late, &others) {
-                    let late = late(*addr, meta, &request_dims)?;
-                    if !late.is_empty() {
+                    let mut rows = late.late(*addr, meta, &request_dims)?;
+                    if !rows.is_empty() {
                         let others = store
                             .rows_matching(tenant, *addr, meta, others)
                             .map_err(err)?;
-                        matching = Arc::new(matching.as_ref() | &(late & others.as_ref()));
+                        rows &= others.as_ref();
+                        if let Some(s) = &selected {
+                            rows &= s;
+                        }
+                    }
+                    if !rows.is_empty() {
+                        let passing = late.passing(*addr, meta, &rows)?;
+                        if !passing.is_empty() {
+                            matching = Arc::new(matching.as_ref() | &passing);
+                        }
                     }
                 }
                 selected = Some(match selected {

@@ -290,6 +290,53 @@ fn find_late_rows(
     Ok(late & open)
 }
 
+/// The request filters of a push-down as (request slot, terms).
+pub fn slot_filters(p: &super::pushdown::Pushdown) -> Vec<(usize, Vec<String>)> {
+    (0..request_dims().len())
+        .filter_map(|slot| Some((slot, p.dims.get(slot_dim(slot))?.clone())))
+        .collect()
+}
+
+/// Those of `rows`, late rows of a block (see [`late_rows`]), whose request values resolved
+/// over their whole trace pass every filter of `filters` (request slot, terms).
+pub fn late_rows_passing(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    (addr, meta): (BlockAddr, &BlockMeta),
+    rows: &RoaringBitmap,
+    filters: &[(usize, Vec<String>)],
+) -> Result<RoaringBitmap> {
+    let reader = store.block_view(tenant, addr, meta);
+    let picked = Rows::Set(rows.clone());
+    let spans = reader.span_ids(&picked).map_err(storage_err)?;
+    let traces = reader.trace_ids(&picked).map_err(storage_err)?;
+    let unique: Vec<TraceId> = traces
+        .iter()
+        .copied()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let whole = head.whole(store, tenant, snapshot, &unique)?;
+    let mut passing = RoaringBitmap::new();
+    for ((row, span), trace) in rows.iter().zip(&spans).zip(&traces) {
+        let Some(t) = whole.get(trace) else { continue };
+        let Some(at) = t.row(trace, span) else {
+            continue;
+        };
+        let pass = filters.iter().all(|(slot, terms)| {
+            t.value(at, *slot)
+                .and_then(Value::as_term)
+                .is_some_and(|v| terms.contains(&v))
+        });
+        if pass {
+            passing.insert(row);
+        }
+    }
+    Ok(passing)
+}
+
 /// Replaces the request columns' values of a block's late rows (see [`late_rows`]) by their
 /// values resolved over the whole trace. `columns` are `(slot, array)` pairs aligned to `rows`.
 #[allow(clippy::too_many_arguments)]

@@ -17,14 +17,15 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
+use roaring::RoaringBitmap;
 use weft_storage::Store;
 use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
-use weft_storage::scan::Rows;
+use weft_storage::scan::{BlockAddr, BlockMeta, Rows};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
 use super::columns::{SpanCol, SpanColumns, list_type, map_type, storage_err, timestamp_type};
-use super::pushdown::{BlockWork, Pushdown, ScanPlan};
+use super::pushdown::{BlockWork, LateRows, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
 use super::scan::{ScanSource, TraceRows, WeftScanExec};
 use super::tracejoin::Scattered;
@@ -143,17 +144,9 @@ impl SpansTable {
     /// the source that reads them.
     fn source(&self, pushdown: Pushdown) -> Result<(Arc<dyn ScanSource>, ScanPlan)> {
         let ctx = &self.ctx;
-        let late = |addr, meta: &weft_storage::scan::BlockMeta, dims: &[&'static str]| {
-            let head = ctx.head_requests()?;
-            request::late_rows(
-                &ctx.store,
-                &ctx.tenant,
-                &ctx.snapshot,
-                &head,
-                addr,
-                meta,
-                dims,
-            )
+        let late = Late {
+            ctx,
+            filters: request::slot_filters(&pushdown),
         };
         let plan = ScanPlan::build_with(
             &ctx.store,
@@ -171,6 +164,53 @@ impl SpansTable {
             head,
         };
         Ok((Arc::new(source), plan))
+    }
+}
+
+/// Late rows of blocks for a scan of `spans` (see [`LateRows`]).
+struct Late<'a> {
+    ctx: &'a TableContext,
+    /// The pushed request filters, as (request slot, terms).
+    filters: Vec<(usize, Vec<String>)>,
+}
+
+impl LateRows for Late<'_> {
+    fn late(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        dims: &[&'static str],
+    ) -> Result<RoaringBitmap> {
+        let ctx = self.ctx;
+        let head = ctx.head_requests()?;
+        request::late_rows(
+            &ctx.store,
+            &ctx.tenant,
+            &ctx.snapshot,
+            &head,
+            addr,
+            meta,
+            dims,
+        )
+    }
+
+    fn passing(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        rows: &RoaringBitmap,
+    ) -> Result<RoaringBitmap> {
+        let ctx = self.ctx;
+        let head = ctx.head_requests()?;
+        request::late_rows_passing(
+            &ctx.store,
+            &ctx.tenant,
+            &ctx.snapshot,
+            &head,
+            (addr, meta),
+            rows,
+            &self.filters,
+        )
     }
 }
 
