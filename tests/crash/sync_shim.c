@@ -1,9 +1,13 @@
 /* An LD_PRELOAD shim for crash tests that model a power cut: it records, for every file under
- * $WEFT_SHIM_ROOT, the size it had at its last successful fsync/fdatasync, and every rename, in
- * the append-only log $WEFT_SHIM_LOG ("S <size> <path>", "R <from> <to>"). After the process is
- * killed, the test cuts every file back to its last synced size and deletes files never synced:
- * what a machine losing power would have kept. sync_file_range and msync are deliberately not
- * counted: they do not make data durable. */
+ * $WEFT_SHIM_ROOT, in the append-only log $WEFT_SHIM_LOG: the size a file had at its last
+ * successful fsync/fdatasync ("S <size> <path>"), each file it created ("C <path>"), each
+ * rename ("R <from> <to> <backup>", where <backup> is a hard link to what <to> held before, or
+ * "-"), and each fsync of a directory ("D <dir>"). After the process is killed, the test cuts
+ * every file back to its last synced size, deletes files never synced, and undoes the names
+ * that no directory sync made durable: a file created, or a rename made, after its
+ * directory's last fsync. That is what a machine losing power may keep. sync_file_range and
+ * msync are deliberately not counted: they do not make data durable. Deletions are taken as
+ * durable at once (a file cannot be brought back). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -40,16 +44,62 @@ static int under_root(const char *path) {
     return root && strncmp(path, root, strlen(root)) == 0;
 }
 
-static void synced(int fd) {
-    char link[64], path[PATH_MAX];
+/* The path an open descriptor names, when it is under the root. */
+static int path_of(int fd, char *path) {
+    char link[64];
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, path, sizeof path - 1);
-    if (n <= 0) return;
+    ssize_t n = readlink(link, path, PATH_MAX - 1);
+    if (n <= 0) return 0;
     path[n] = 0;
-    struct stat st;
-    if (!under_root(path) || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
-    record("S %lld %s\n", (long long)st.st_size, path);
+    return under_root(path);
 }
+
+static void synced(int fd) {
+    char path[PATH_MAX];
+    struct stat st;
+    if (!path_of(fd, path) || fstat(fd, &st) != 0) return;
+    if (S_ISREG(st.st_mode)) record("S %lld %s\n", (long long)st.st_size, path);
+    if (S_ISDIR(st.st_mode)) record("D %s\n", path);
+}
+
+static void created(int fd) {
+    char path[PATH_MAX];
+    struct stat st;
+    if (path_of(fd, path) && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) record("C %s\n", path);
+}
+
+/* open(2) and its variants, noting a file the call created. */
+#define OPEN_LIKE(NAME, ...)                                                                  \
+    int NAME(__VA_ARGS__, int flags, ...) {                                                   \
+        static int (*real)(ARGS_DECL, int, ...);                                              \
+        if (!real) real = (int (*)(ARGS_DECL, int, ...))dlsym(RTLD_NEXT, #NAME);              \
+        mode_t mode = 0;                                                                      \
+        if (flags & O_CREAT) {                                                                \
+            va_list ap;                                                                       \
+            va_start(ap, flags);                                                              \
+            mode = (mode_t)va_arg(ap, int);                                                   \
+            va_end(ap);                                                                       \
+        }                                                                                     \
+        struct stat st;                                                                       \
+        int existed = !(flags & O_CREAT) || EXISTS;                                           \
+        int fd = real(ARGS_CALL, flags, mode);                                                \
+        if (fd >= 0 && !existed) created(fd);                                                 \
+        return fd;                                                                            \
+    }
+
+#define ARGS_DECL const char *
+#define ARGS_CALL path
+#define EXISTS (stat(path, &st) == 0)
+OPEN_LIKE(open, const char *path)
+OPEN_LIKE(open64, const char *path)
+#undef ARGS_DECL
+#undef ARGS_CALL
+#undef EXISTS
+#define ARGS_DECL int, const char *
+#define ARGS_CALL dirfd, path
+#define EXISTS (fstatat(dirfd, path, &st, 0) == 0)
+OPEN_LIKE(openat, int dirfd, const char *path)
+OPEN_LIKE(openat64, int dirfd, const char *path)
 
 int fsync(int fd) {
     static int (*real)(int);
@@ -67,10 +117,25 @@ int fdatasync(int fd) {
     return r;
 }
 
+/* A hard link to what `to` holds before a rename replaces it, beside the log (the test puts
+ * it back if the rename does not become durable); "-" when `to` does not exist. */
+static void keep_old(const char *to, char *backup) {
+    static unsigned long next;
+    const char *log = getenv("WEFT_SHIM_LOG");
+    strcpy(backup, "-");
+    if (!log || access(to, F_OK) != 0) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.old.%d.%lu", log, (int)getpid(), __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED));
+    if (link(to, path) == 0) strcpy(backup, path);
+}
+
 int rename(const char *from, const char *to) {
     static int (*real)(const char *, const char *);
     if (!real) real = (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+    char backup[PATH_MAX];
+    int watched = under_root(to);
+    if (watched) keep_old(to, backup);
     int r = real(from, to);
-    if (r == 0 && under_root(to)) record("R %s %s\n", from, to);
+    if (r == 0 && watched) record("R %s %s %s\n", from, to, backup);
     return r;
 }

@@ -380,27 +380,91 @@ async fn blocks_expired(w: &Weft) -> u64 {
         .unwrap_or(0)
 }
 
-/// Cuts every file under `data` back to what a power cut would have left: its size at its last
-/// fsync/fdatasync as the shim logged it; files never synced are removed. Returns (files cut,
-/// files removed).
-fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize) {
+/// Cuts every file under `data` back to what a power cut would have left, from the shim's log:
+/// names that no directory sync made durable are undone (a rename made after its directory's
+/// last fsync is reversed and the file it replaced put back; a file created after it is
+/// removed), then each file is cut back to its size at its last fsync/fdatasync and files never
+/// synced are removed. Returns (files cut, files removed, renames undone).
+fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, usize) {
+    use std::path::Path;
     let norm = |p: &str| p.replace("//", "/");
+    let parent = |p: &str| {
+        Path::new(p)
+            .parent()
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    struct Renamed {
+        at: usize,
+        from: String,
+        to: String,
+        backup: Option<String>,
+        /// `to`'s synced size before the rename
+        old_size: Option<u64>,
+    }
     let mut synced: HashMap<String, u64> = HashMap::new();
-    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        let mut it = line.splitn(3, ' ');
-        match (it.next(), it.next(), it.next()) {
-            (Some("S"), Some(size), Some(path)) => {
+    let mut created: HashMap<String, usize> = HashMap::new();
+    let mut dir_synced: HashMap<String, usize> = HashMap::new();
+    let mut renames: Vec<Renamed> = Vec::new();
+    for (at, line) in std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .enumerate()
+    {
+        let parts: Vec<&str> = line.splitn(4, ' ').collect();
+        match parts.as_slice() {
+            ["S", size, path] => {
                 synced.insert(norm(path), size.parse().unwrap());
             }
-            (Some("R"), Some(from), Some(to)) => match synced.remove(&norm(from)) {
-                Some(size) => {
-                    synced.insert(norm(to), size);
+            ["C", path] => {
+                synced.remove(&norm(path));
+                created.insert(norm(path), at);
+            }
+            ["D", dir] => {
+                dir_synced.insert(norm(dir), at);
+            }
+            ["R", from, to, backup] => {
+                let (from, to) = (norm(from), norm(to));
+                let old_size = synced.remove(&to);
+                if let Some(size) = synced.remove(&from) {
+                    synced.insert(to.clone(), size);
                 }
-                None => {
-                    synced.remove(&norm(to));
-                }
-            },
+                // the new name's durability is the rename's
+                created.remove(&to);
+                renames.push(Renamed {
+                    at,
+                    from,
+                    to,
+                    backup: (*backup != "-").then(|| backup.to_string()),
+                    old_size,
+                });
+            }
             _ => {}
+        }
+    }
+    let durable = |path: &str, at: usize| dir_synced.get(&parent(path)).is_some_and(|&d| d > at);
+    let mut undone = 0;
+    for r in renames.iter().rev() {
+        if durable(&r.to, r.at) && durable(&r.from, r.at) {
+            continue;
+        }
+        if Path::new(&r.to).exists() {
+            std::fs::rename(&r.to, &r.from).unwrap();
+            if let Some(size) = synced.remove(&r.to) {
+                synced.insert(r.from.clone(), size);
+            }
+        }
+        if let Some(backup) = &r.backup {
+            std::fs::rename(backup, &r.to).unwrap();
+            if let Some(size) = r.old_size {
+                synced.insert(r.to.clone(), size);
+            }
+        }
+        undone += 1;
+    }
+    for r in &renames {
+        if let Some(backup) = &r.backup {
+            let _ = std::fs::remove_file(backup);
         }
     }
     let (mut cut, mut removed) = (0, 0);
@@ -413,21 +477,38 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize) {
                 dirs.push(path);
                 continue;
             }
-            match synced.get(&norm(path.to_str().unwrap())) {
-                Some(&size) if meta.len() > size => {
+            let name = norm(path.to_str().unwrap());
+            let named = created.get(&name).is_none_or(|&at| durable(&name, at));
+            match synced.get(&name) {
+                Some(&size) if named && meta.len() > size => {
                     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
                     f.set_len(size).unwrap();
                     cut += 1;
                 }
-                Some(_) => {}
-                None => {
+                Some(_) if named => {}
+                _ => {
                     std::fs::remove_file(&path).unwrap();
                     removed += 1;
                 }
             }
         }
     }
-    (cut, removed)
+    // what is left is what the disk holds, durably: the next run's log starts from it
+    let mut baseline = String::new();
+    let mut dirs = vec![data.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                dirs.push(path);
+            } else {
+                baseline.push_str(&format!("S {} {}\n", meta.len(), path.display()));
+            }
+        }
+    }
+    std::fs::write(log, baseline).unwrap();
+    (cut, removed, undone)
 }
 
 /// Power cuts, not just kills: the server runs under an `LD_PRELOAD` shim
@@ -476,7 +557,8 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         done.clone(),
     );
     let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
-    let (mut cut, mut removed) = (0, 0);
+    let (mut cut, mut removed, mut undone) = (0, 0, 0);
+    let (mut synced_logs, mut dir_syncs, mut creations) = (0, 0, 0);
     let cycles = crash_cycles(4);
     for _ in 0..cycles {
         seed ^= seed << 13;
@@ -484,27 +566,34 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         seed ^= seed << 17;
         tokio::time::sleep(Duration::from_millis(300 + seed % 1200)).await;
         w.kill9();
-        let (c, r) = power_cut(&data, &log);
+        let events = std::fs::read_to_string(&log).unwrap_or_default();
+        synced_logs += events
+            .lines()
+            .filter(|l| l.starts_with("S ") && l.ends_with(".log"))
+            .count();
+        dir_syncs += events.lines().filter(|l| l.starts_with("D ")).count();
+        creations += events.lines().filter(|l| l.starts_with("C ")).count();
+        let (c, r, u) = power_cut(&data, &log);
         cut += c;
         removed += r;
+        undone += u;
         w.restart();
         *otlp.lock().unwrap() = w.otlp.clone();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     done.store(true, std::sync::atomic::Ordering::Release);
     sender.await.unwrap();
-    let synced_logs = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("S ") && l.ends_with(".log"))
-        .count();
     assert!(
         synced_logs > 0,
         "the shim saw no write-ahead log sync: it is not in effect"
     );
+    assert!(
+        dir_syncs > 0 && creations > 0,
+        "the shim saw {dir_syncs} directory syncs and {creations} file creations: it does not see them"
+    );
     let acked = acked.lock().unwrap().clone();
     eprintln!(
-        "{cycles} power cuts: {cut} files cut back, {removed} never-synced files removed, {} spans acknowledged",
+        "{cycles} power cuts: {creations} files created, {dir_syncs} directory syncs; {cut} files cut back, {removed} files removed (never synced or not yet named durably), {undone} renames undone, {} spans acknowledged",
         acked.len()
     );
     assert!(acked.len() > 1000, "ingested: {}", acked.len());
@@ -532,5 +621,69 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         stored.values().filter(|&&n| n > 1).count(),
         0,
         "spans stored twice"
+    );
+}
+
+/// The power-cut model itself, on a log written by hand: a name is kept only when its
+/// directory was synced after it appeared; a rename without that is reversed and the file it
+/// replaced comes back; synced sizes hold through renames.
+#[test]
+fn power_cuts_keep_only_names_a_directory_sync_made_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let d = data.to_str().unwrap();
+    let write = |name: &str, body: &str| std::fs::write(data.join(name), body).unwrap();
+    // CURRENT held "old" (synced, named long ago); a new one was written to a temp file,
+    // synced and renamed over it, but the directory was not synced after the rename
+    write("CURRENT", "new-current");
+    let backup = dir.path().join("backup");
+    std::fs::write(&backup, "old").unwrap();
+    // a log file created and synced, its directory synced after: kept
+    write("000001.log", "abcdef");
+    // a table file created and synced after the directory's last sync: not named durably
+    write("000002.sst", "table");
+    let log = dir.path().join("synced.log");
+    std::fs::write(
+        &log,
+        format!(
+            "S 3 {d}/CURRENT\n\
+             C {d}/000001.log\nS 6 {d}/000001.log\nD {d}\n\
+             C {d}/CURRENT.tmp\nS 11 {d}/CURRENT.tmp\nR {d}/CURRENT.tmp {d}/CURRENT {}\n\
+             C {d}/000002.sst\nS 5 {d}/000002.sst\n",
+            backup.display()
+        ),
+    )
+    .unwrap();
+    let (cut, removed, undone) = power_cut(&data, &log);
+    assert_eq!(undone, 1);
+    assert_eq!(
+        std::fs::read_to_string(data.join("CURRENT")).unwrap(),
+        "old"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("000001.log")).unwrap(),
+        "abcdef"
+    );
+    // the reversed temp file and the table were created after the last directory sync
+    assert!(!data.join("CURRENT.tmp").exists());
+    assert!(!data.join("000002.sst").exists());
+    assert_eq!((cut, removed), (0, 2));
+
+    // the same rename followed by a directory sync stands
+    write("CURRENT", "new-current");
+    std::fs::write(
+        &log,
+        format!(
+            "S 3 {d}/CURRENT\nC {d}/CURRENT.tmp\nS 11 {d}/CURRENT.tmp\n\
+             R {d}/CURRENT.tmp {d}/CURRENT -\nD {d}\n"
+        ),
+    )
+    .unwrap();
+    let (_, _, undone) = power_cut(&data, &log);
+    assert_eq!(undone, 0);
+    assert_eq!(
+        std::fs::read_to_string(data.join("CURRENT")).unwrap(),
+        "new-current"
     );
 }
