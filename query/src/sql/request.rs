@@ -19,7 +19,7 @@ use weft_storage::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::{OPEN_DIM, request_dims, resolve};
 use weft_storage::scan::{BlockAddr, BlockMeta, Positions, Rows};
 use weft_storage::store::Snapshot;
-use weft_storage::store::TraceRequests;
+use weft_storage::store::{ResolvedTraces, TraceRequests};
 
 use super::columns::{storage_err, typed_values, values_column};
 
@@ -40,7 +40,7 @@ pub struct HeadRequests {
     known: Mutex<HashMap<(BlockAddr, &'static str), Arc<RoaringBitmap>>>,
     /// Traces resolved whole for blocks' late rows, each once per query (a split trace's
     /// blocks all ask for it), each with the resolution that holds it.
-    whole: Mutex<HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>>,
+    whole: Mutex<ResolvedTraces>,
 }
 
 impl HeadRequests {
@@ -111,7 +111,7 @@ impl HeadRequests {
         tenant: &TenantId,
         snapshot: &Snapshot,
         traces: &[TraceId],
-    ) -> Result<HashMap<TraceId, Arc<TraceRequests>, foldhash::fast::RandomState>> {
+    ) -> Result<ResolvedTraces> {
         let missing: Vec<TraceId> = {
             let known = self.whole.lock().unwrap_or_else(|e| e.into_inner());
             traces
@@ -297,17 +297,16 @@ pub fn slot_filters(p: &super::pushdown::Pushdown) -> Vec<(usize, Vec<String>)> 
         .collect()
 }
 
-/// Those of `rows`, late rows of a block (see [`late_rows`]), whose request values resolved
-/// over their whole trace pass every filter of `filters` (request slot, terms).
-pub fn late_rows_passing(
+/// The span and trace ids of some rows of a block, and their traces resolved whole (each
+/// trace once per query, see [`HeadRequests::whole`]).
+fn resolved_rows(
     store: &Store,
     tenant: &TenantId,
     snapshot: &Snapshot,
     head: &HeadRequests,
     (addr, meta): (BlockAddr, &BlockMeta),
     rows: &RoaringBitmap,
-    filters: &[(usize, Vec<String>)],
-) -> Result<RoaringBitmap> {
+) -> Result<(Vec<SpanId>, Vec<TraceId>, ResolvedTraces)> {
     let reader = store.block_view(tenant, addr, meta);
     let picked = Rows::Set(rows.clone());
     let spans = reader.span_ids(&picked).map_err(storage_err)?;
@@ -319,6 +318,21 @@ pub fn late_rows_passing(
         .into_iter()
         .collect();
     let whole = head.whole(store, tenant, snapshot, &unique)?;
+    Ok((spans, traces, whole))
+}
+
+/// Those of `rows`, late rows of a block (see [`late_rows`]), whose request values resolved
+/// over their whole trace pass every filter of `filters` (request slot, terms).
+pub fn late_rows_passing(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    (addr, meta): (BlockAddr, &BlockMeta),
+    rows: &RoaringBitmap,
+    filters: &[(usize, Vec<String>)],
+) -> Result<RoaringBitmap> {
+    let (spans, traces, whole) = resolved_rows(store, tenant, snapshot, head, (addr, meta), rows)?;
     let mut passing = RoaringBitmap::new();
     for ((row, span), trace) in rows.iter().zip(&spans).zip(&traces) {
         let Some(t) = whole.get(trace) else { continue };
@@ -356,17 +370,7 @@ pub fn fix_block(
     if late.is_empty() {
         return Ok(());
     }
-    let reader = store.block_view(tenant, addr, meta);
-    let picked = Rows::Set(late.clone());
-    let spans = reader.span_ids(&picked).map_err(storage_err)?;
-    let traces = reader.trace_ids(&picked).map_err(storage_err)?;
-    let unique: Vec<TraceId> = traces
-        .iter()
-        .copied()
-        .collect::<HashSet<_>>()
-        .into_iter()
-        .collect();
-    let whole = head.whole(store, tenant, snapshot, &unique)?;
+    let (spans, traces, whole) = resolved_rows(store, tenant, snapshot, head, (addr, meta), &late)?;
     let positions = match rows {
         Rows::Set(set) => Some(Positions::of(set)),
         _ => None,

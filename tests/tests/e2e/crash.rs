@@ -468,34 +468,35 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
         }
     }
     let (mut cut, mut removed) = (0, 0);
-    let mut dirs = vec![data.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            if meta.is_dir() {
-                dirs.push(path);
-                continue;
+    for (path, len) in files_under(data) {
+        let name = norm(path.to_str().unwrap());
+        let named = created.get(&name).is_none_or(|&at| durable(&name, at));
+        match synced.get(&name) {
+            Some(&size) if named && len > size => {
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.set_len(size).unwrap();
+                cut += 1;
             }
-            let name = norm(path.to_str().unwrap());
-            let named = created.get(&name).is_none_or(|&at| durable(&name, at));
-            match synced.get(&name) {
-                Some(&size) if named && meta.len() > size => {
-                    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-                    f.set_len(size).unwrap();
-                    cut += 1;
-                }
-                Some(_) if named => {}
-                _ => {
-                    std::fs::remove_file(&path).unwrap();
-                    removed += 1;
-                }
+            Some(_) if named => {}
+            _ => {
+                std::fs::remove_file(&path).unwrap();
+                removed += 1;
             }
         }
     }
     // what is left is what the disk holds, durably: the next run's log starts from it
-    let mut baseline = String::new();
-    let mut dirs = vec![data.to_owned()];
+    let baseline: String = files_under(data)
+        .into_iter()
+        .map(|(path, len)| format!("S {len} {}\n", path.display()))
+        .collect();
+    std::fs::write(log, baseline).unwrap();
+    (cut, removed, undone)
+}
+
+/// Every file under `dir` (not directories), with its length.
+fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -503,12 +504,11 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
             if meta.is_dir() {
                 dirs.push(path);
             } else {
-                baseline.push_str(&format!("S {} {}\n", meta.len(), path.display()));
+                files.push((path, meta.len()));
             }
         }
     }
-    std::fs::write(log, baseline).unwrap();
-    (cut, removed, undone)
+    files
 }
 
 /// Power cuts, not just kills: the server runs under an `LD_PRELOAD` shim
