@@ -32,4 +32,4 @@ pub use background::{Background, TaskStats};
 pub use block::format::Compression;
 pub use error::{Result, StorageError};
 pub use keys::Signal;
-pub use store::{AppendOutcome, Store, StoreOptions, StoreStats};
+pub use store::{AppendOutcome, DamagedBlock, Store, StoreOptions, StoreStats};

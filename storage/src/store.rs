@@ -105,6 +105,8 @@ pub struct StoreStats {
     pub refused_disk_full: AtomicU64,
     /// Block metas and head records left out at open because they failed their checksums.
     pub corrupt_skipped: AtomicU64,
+    /// Blocks left out of answers after a query found part of them damaged.
+    pub blocks_left_out: AtomicU64,
     pub rows_appended: AtomicU64,
     pub rows_deduplicated: AtomicU64,
     pub appends_refused: AtomicU64,
@@ -349,6 +351,8 @@ struct State {
     retired: Vec<retire::Retired>,
     /// Per tenant, the traces whose span rows are in more than one block.
     splits: HashMap<TenantId, Arc<HashSet<TraceId>>>,
+    /// Blocks left out because they are damaged (see [`damage`]).
+    damaged: damage::Damaged,
     next_seq: u64,
     next_block: u64,
 }
@@ -630,6 +634,7 @@ impl Store {
                 Err(e) if self.opts.skip_corrupt_blocks => {
                     tracing::error!(error = %e, "block left out (--skip-corrupt-blocks)");
                     self.stats.corrupt_skipped.fetch_add(1, Ordering::Relaxed);
+                    Self::note_damaged_meta(&mut state, &tenant, parts.signal, addr, &e);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -1421,7 +1426,7 @@ impl Store {
             let addr = keys::read_addr(&key[prefix.len()..])
                 .ok_or_else(|| StorageError::corrupt("trace-id key", hex::encode(&key)))?;
             let value = unseal(&value)
-                .map_err(|e| seal::damaged(tenant, signal, addr, "trace-id entry", e))?;
+                .map_err(|e| self.damaged(tenant, signal, addr, "trace-id entry", e))?;
             let mut entries = decode_traces(value)?;
             let entry = entries
                 .pop()
@@ -1581,7 +1586,7 @@ impl Store {
         addr: BlockAddr,
     ) -> Result<Vec<TraceEntry>> {
         let key = keys::block_key(tenant, signal, keys::TRACES, addr);
-        let damaged = |e: String| seal::damaged(tenant, signal, addr, "trace summaries", e);
+        let damaged = |e: String| self.damaged(tenant, signal, addr, "trace summaries", e);
         match self
             .db
             .get_pinned_cf(self.cf(CF_DATA), key)
@@ -1642,7 +1647,7 @@ impl Store {
         if let Some(d) = self.postings.get(&key) {
             return Ok(d);
         }
-        let damaged = |e: String| seal::damaged(tenant, signal, addr, format!("postings {dim}"), e);
+        let damaged = |e: String| self.damaged(tenant, signal, addr, format!("postings {dim}"), e);
         let (bytes, decoded) = match self
             .db
             .get_pinned_cf(self.cf(CF_DATA), &key)
@@ -2060,7 +2065,7 @@ impl ChunkSource for ChunkFetcher<'_> {
             return Ok(Some(bytes));
         }
         let damaged = |e: String| {
-            seal::damaged(
+            self.store.damaged(
                 &self.tenant,
                 self.signal,
                 self.addr,
@@ -2088,6 +2093,7 @@ impl ChunkSource for ChunkFetcher<'_> {
 }
 
 mod check;
+mod damage;
 mod expire;
 mod logs;
 mod merge;
@@ -2096,6 +2102,7 @@ mod request;
 mod retire;
 
 pub use check::{CheckReport, check};
+pub use damage::DamagedBlock;
 pub use request::{ResolvedTraces, TraceRequests};
 
 pub use logs::{BodyTest, LogScan, TextHits};

@@ -39,12 +39,13 @@ impl Store {
                     let cutoff = self.opts.retention.cutoff(tenant, R::SIGNAL, now)?;
                     // every row of the block is older than the cutoff (its window's bounds
                     // would do, but not if `--block-window` changed since it was written)
-                    let out: Vec<BlockAddr> = t
+                    let mut out: Vec<BlockAddr> = t
                         .blocks
                         .iter()
                         .filter(|(_, meta)| meta.max_start < cutoff.0)
                         .map(|(addr, _)| *addr)
                         .collect();
+                    out.extend(Self::damaged_before(&state, tenant, R::SIGNAL, cutoff));
                     (!out.is_empty()).then(|| (tenant.clone(), out))
                 })
                 .collect()

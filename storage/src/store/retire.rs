@@ -44,18 +44,24 @@ impl Store {
     ) -> Result<()> {
         self.db.write_opt(batch, &self.sync)?;
         let mut state = self.lock();
-        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
-        let blocks = Arc::make_mut(&mut t.blocks);
         let windows: std::collections::BTreeSet<u64> = new
             .iter()
             .map(|(a, _)| a.window)
             .chain(out.iter().map(|a| a.window))
             .collect();
+        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
+        let blocks = Arc::make_mut(&mut t.blocks);
         blocks.extend(new);
-        let gone: Vec<Retired> = out
+        let mut gone: Vec<Retired> = out
             .iter()
             .filter_map(|addr| Some((tenant.clone(), R::SIGNAL, *addr, blocks.remove(addr)?)))
             .collect();
+        // damaged blocks out of retention (see [`super::damage`])
+        gone.extend(
+            Self::undamage(&mut state, tenant, R::SIGNAL, out)
+                .into_iter()
+                .map(|(addr, meta)| (tenant.clone(), R::SIGNAL, addr, meta)),
+        );
         state.retired.extend(gone);
         drop(state);
         if R::SIGNAL == Signal::Logs {

@@ -158,3 +158,95 @@ fn a_damaged_head_record_is_refused_or_left_out_on_request() {
         "the second batch replayed"
     );
 }
+
+/// With `skip_corrupt_blocks` the query that finds a damaged chunk fails, naming it, and the
+/// block leaves every later snapshot whole (other columns of it are no longer read either),
+/// is listed as damaged, and goes when retention takes its window.
+#[test]
+fn left_out_on_request_a_damaged_block_stays_out_until_retention_takes_it() {
+    use crate::clock::ManualClock;
+    const H: u64 = 3_600_000_000_000;
+    let t0 = 1_000 * H;
+    let clock = Arc::new(ManualClock::new(UnixNanos(t0)));
+    let t = tenant("a");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        skip_corrupt_blocks: true,
+        ..two_hours_for(&t, clock.clone())
+    };
+    let (old, new) = {
+        let store = Store::open(dir.path(), opts.clone()).unwrap();
+        // window 0 holds traces 1 and 2, window 1 trace 3
+        for (trace, at) in [(1u8, t0), (2, t0 + 10), (3, t0 + H + 10)] {
+            let spans = (0..20).map(|i| span_at(trace, i, at + i)).collect();
+            store.append(&t, spans).unwrap();
+        }
+        store.close().unwrap();
+        let blocks = store.blocks(&t);
+        assert_eq!(blocks.len(), 2, "{blocks:?}");
+        flip(
+            &store,
+            CF_DATA,
+            &keys::chunk(&t, Signal::Spans, blocks[0].0, "name"),
+        );
+        (blocks[0].0, blocks[1].0)
+    };
+    let store = Store::open(dir.path(), opts).unwrap();
+    assert!(store.damaged_blocks(&t).is_empty(), "found only when read");
+    let err = store.trace(&t, &TraceId([1; 16])).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("block {}/{}", old.window, old.block)) && err.contains("column name"),
+        "{err}"
+    );
+    let damaged = store.damaged_blocks(&t);
+    assert_eq!(damaged.len(), 1);
+    assert_eq!((damaged[0].signal, damaged[0].addr), (Signal::Spans, old));
+    assert_eq!(damaged[0].error, err);
+    assert_eq!(store.damaged_count(&t), 1);
+    assert_eq!(store.damaged_count(&tenant("b")), 0);
+    assert_eq!(store.stats.blocks_left_out.load(Ordering::Relaxed), 1);
+    // asked again, the answer leaves the block out: no rows of trace 1 or 2, trace 3 whole
+    assert_eq!(store.trace(&t, &TraceId([1; 16])).unwrap().len(), 0);
+    assert_eq!(store.trace(&t, &TraceId([2; 16])).unwrap().len(), 0);
+    assert_eq!(store.trace(&t, &TraceId([3; 16])).unwrap().len(), 20);
+    let snapshot = store.snapshot(&t);
+    assert_eq!(
+        snapshot.blocks.keys().copied().collect::<Vec<_>>(),
+        vec![new]
+    );
+    drop(snapshot);
+    // a second find of the same damage changes nothing
+    let _ = store.damaged(&t, Signal::Spans, old, "column name", "again");
+    assert_eq!(store.damaged_count(&t), 1);
+
+    // 3.5 hours on, window 0 falls out of retention: the damaged block goes from disk too
+    clock.set(UnixNanos(t0 + 3 * H + H / 2));
+    store.enforce_retention().unwrap();
+    store.enforce_retention().unwrap();
+    assert_eq!(store.damaged_count(&t), 0);
+    assert_eq!(
+        keys_in_window(&store, &t, old.window),
+        0,
+        "its data is deleted"
+    );
+    drop(store);
+    assert!(check(dir.path()).unwrap().damaged.is_empty());
+}
+
+/// A block whose meta failed at open is listed as damaged (its rows are unknown, so it stays
+/// listed until it is dealt with by hand).
+#[test]
+fn a_block_left_out_at_open_is_listed_as_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = stored(dir.path(), 40);
+    {
+        let store = Store::open(dir.path(), small_opts()).unwrap();
+        flip(&store, CF_META, &first_key(&store, CF_META, keys::META));
+        store.close().unwrap();
+    }
+    let store = open_skipping(dir.path());
+    let damaged = store.damaged_blocks(&t);
+    assert_eq!(damaged.len(), 1);
+    assert!(damaged[0].error.contains("(block meta)"), "{}", damaged[0]);
+    assert_eq!(store.damaged_total(), 1);
+}
