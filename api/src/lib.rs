@@ -9,6 +9,7 @@
 pub mod analytics;
 pub mod auth;
 pub mod config;
+pub mod damage;
 pub mod error;
 pub mod gpu;
 pub mod jaeger;

@@ -332,6 +332,18 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_blocks_left_out_total",
+        "Blocks left out of answers after a query found part of them damaged (--skip-corrupt-blocks).",
+        load(&s.blocks_left_out),
+    );
+    gauge(
+        &mut out,
+        "weft_damaged_blocks",
+        "Damaged blocks answers leave out now (--skip-corrupt-blocks; gone when retention takes their window).",
+        store.damaged_total() as f64,
+    );
+    counter(
+        &mut out,
         "weft_blocks_written_total",
         "Blocks written.",
         load(&s.blocks_written),

@@ -67,6 +67,10 @@ pub fn api_router(state: SharedState) -> Router {
         .merge(sql::http::router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            crate::damage::leave_out_damaged,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             metrics::track_latency,
         ))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -10,6 +10,8 @@ pub struct PgClient {
     stream: BufReader<TcpStream>,
     /// How the server had this client sign in: `trust`, `password` or `scram-sha-256`.
     pub signed_in_with: &'static str,
+    /// The notices of the last query (`SQLSTATE: message`).
+    pub notices: Vec<String>,
 }
 
 impl PgClient {
@@ -31,6 +33,7 @@ impl PgClient {
         let mut c = Self {
             stream: BufReader::new(stream),
             signed_in_with: "trust",
+            notices: Vec::new(),
         };
         let mut body = Vec::new();
         body.extend_from_slice(&196_608i32.to_be_bytes()); // protocol 3.0
@@ -118,10 +121,12 @@ impl PgClient {
         self.stream.get_mut().write_all(&msg).await?;
         let mut rows = 0;
         let mut error = None;
+        self.notices.clear();
         loop {
             let (tag, payload) = self.read_message().await?;
             match tag {
                 b'D' => rows += 1,
+                b'N' => self.notices.push(error_text(&payload)),
                 b'E' => error = Some(error_text(&payload)),
                 b'Z' => break,
                 _ => {}

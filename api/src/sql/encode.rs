@@ -383,12 +383,28 @@ impl Encoder {
     }
 
     /// What comes after the last row; for JSON, an error met after rows were sent.
-    pub fn end(&mut self, error: Option<&serde_json::Value>) -> Vec<u8> {
+    /// The end of the answer: a JSON answer closes its rows, then names the `error` that
+    /// cut it short and lists `warnings` (damaged blocks left out) when there are any.
+    pub fn end(&mut self, error: Option<&serde_json::Value>, warnings: &[String]) -> Vec<u8> {
         match self.format {
-            Format::Json => match error {
-                None => b"]}".to_vec(),
-                Some(e) => format!("],\"error\":{e}}}").into_bytes(),
-            },
+            Format::Json => {
+                let mut out = String::from("]");
+                if let Some(e) = error {
+                    out.push_str(&format!(",\"error\":{e}"));
+                }
+                if !warnings.is_empty() {
+                    out.push_str(",\"warnings\":[");
+                    for (i, w) in warnings.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        json_string(&mut out, w);
+                    }
+                    out.push(']');
+                }
+                out.push('}');
+                out.into_bytes()
+            }
             Format::Csv => Vec::new(),
             Format::Arrow => match &mut self.arrow {
                 Some(w) => {

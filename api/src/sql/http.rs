@@ -118,7 +118,8 @@ async fn sql(State(state): State<SharedState>, Tenant(tenant): Tenant, body: Byt
                 }
             }
             Ok(None) => {
-                held.extend_from_slice(&encoder.end(None));
+                let warnings = crate::damage::warnings_for(&state, &tenant);
+                held.extend_from_slice(&encoder.end(None, &warnings));
                 return answer(format, Body::from(held));
             }
             Err(e) => return error_response(&e),
@@ -142,11 +143,13 @@ async fn sql(State(state): State<SharedState>, Tenant(tenant): Tenant, body: Byt
         };
         match failure {
             None => {
-                let _ = tx.send(Ok(Bytes::from(encoder.end(None)))).await;
+                let warnings = crate::damage::warnings_for(&state, &tenant);
+                let _ = tx.send(Ok(Bytes::from(encoder.end(None, &warnings)))).await;
             }
             Some(e) => {
                 tracing::warn!(error = %e.message, "query failed after its first rows were sent");
-                match encoder.end(Some(&error_json(&e))) {
+                let warnings = crate::damage::warnings_for(&state, &tenant);
+                match encoder.end(Some(&error_json(&e)), &warnings) {
                     tail if format == Format::Json => {
                         let _ = tx.send(Ok(Bytes::from(tail))).await;
                     }
@@ -177,7 +180,7 @@ async fn next_bytes(
 }
 
 /// Encoded answers up to this size are sent whole (see `sql`).
-const WHOLE_ANSWER_BYTES: usize = 256 * 1024;
+pub(crate) const WHOLE_ANSWER_BYTES: usize = 256 * 1024;
 
 fn answer(format: Format, body: Body) -> Response {
     Response::builder()

@@ -25,8 +25,9 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::common::ScalarValue;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::sql::sqlparser::ast::Statement;
-use futures::{Sink, Stream, StreamExt};
+use futures::{Sink, SinkExt, Stream, StreamExt};
 use pgwire::api::auth::cleartext::CleartextPasswordAuthStartupHandler;
 use pgwire::api::auth::md5pass::{Md5PasswordAuthStartupHandler, hash_md5_password};
 use pgwire::api::auth::{
@@ -47,9 +48,10 @@ use pgwire::messages::data::DataRow;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::net::TcpListener;
 use weft_query::sql::functions::{PG_VERSION, setting};
-use weft_query::sql::{Prepared, QueryStream, Session, SqlError, SqlErrorKind, parse};
+use weft_query::sql::{Prepared, Session, SqlError, SqlErrorKind, parse};
 use weft_storage::model::TenantId;
 
+use super::http::WHOLE_ANSWER_BYTES;
 use crate::state::SharedState;
 
 /// Accepts connections until `shutdown` resolves; each connection runs on its own task.
@@ -627,12 +629,12 @@ fn encode_batch(batch: &RecordBatch, fields: &Arc<Vec<FieldInfo>>) -> PgWireResu
 
 /// Rows of a running query, under its deadline.
 fn row_stream(
-    query: QueryStream,
+    stream: SendableRecordBatchStream,
     fields: Arc<Vec<FieldInfo>>,
+    deadline: tokio::time::Instant,
     limit: std::time::Duration,
 ) -> impl Stream<Item = PgWireResult<DataRow>> + Send + 'static {
-    let deadline = tokio::time::Instant::now() + limit;
-    futures::stream::unfold(Some(query.stream), move |stream| {
+    futures::stream::unfold(Some(stream), move |stream| {
         let fields = fields.clone();
         async move {
             let mut stream = stream?;
@@ -694,28 +696,82 @@ impl Backend {
                 )))
             }
             PgStatement::Query { statement, .. } => {
-                let started = std::time::Instant::now();
-                let session = self.state.sql.session(tenant).map_err(sql_error)?;
-                let plan = if params.is_empty() {
-                    // the statement's text is the key of its kept plan
-                    let text = text.map_or_else(|| statement.to_string(), str::to_owned);
-                    session
-                        .prepare(&text, || Ok(*statement))
-                        .await
-                        .map_err(sql_error)?
-                } else {
-                    let plan = session.plan(*statement).await.map_err(sql_error)?;
-                    let plan = plan
-                        .with_param_values(params)
-                        .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?;
-                    session.optimise(&plan).map_err(sql_error)?.into()
-                };
-                self.respond(session, plan, format, started).await
+                self.without_damage(tenant, || {
+                    self.query(tenant, statement.clone(), params.clone(), format, text)
+                })
+                .await
             }
         }
     }
 
-    /// Starts an optimised plan and answers with its rows.
+    /// Runs `answer`, and again while it fails after finding a damaged block: with
+    /// `--skip-corrupt-blocks` the store leaves that block out of the next answer (see
+    /// `crate::damage`).
+    async fn without_damage<T, F: Future<Output = PgWireResult<T>>>(
+        &self,
+        tenant: &TenantId,
+        mut answer: impl FnMut() -> F,
+    ) -> PgWireResult<T> {
+        let store = &self.state.store;
+        let skip = store.options().skip_corrupt_blocks;
+        let mut tries = 0;
+        loop {
+            let before = store.damaged_count(tenant);
+            match answer().await {
+                Err(_) if skip && tries < 8 && store.damaged_count(tenant) != before => {
+                    tries += 1;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// Sends a warning notice for each damaged block the tenant's answers leave out.
+    async fn warn_of_damage<C>(&self, client: &mut C, tenant: &TenantId) -> PgWireResult<()>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        for w in crate::damage::warnings_for(&self.state, tenant) {
+            let notice = ErrorInfo::new("WARNING".into(), "01000".into(), w);
+            client
+                .send(PgWireBackendMessage::NoticeResponse(notice.into()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn query(
+        &self,
+        tenant: &TenantId,
+        statement: Box<Statement>,
+        params: Vec<ScalarValue>,
+        format: Option<&Format>,
+        text: Option<&str>,
+    ) -> PgWireResult<Response> {
+        let started = std::time::Instant::now();
+        let session = self.state.sql.session(tenant).map_err(sql_error)?;
+        let plan = if params.is_empty() {
+            // the statement's text is the key of its kept plan
+            let text = text.map_or_else(|| statement.to_string(), str::to_owned);
+            session
+                .prepare(&text, || Ok(*statement))
+                .await
+                .map_err(sql_error)?
+        } else {
+            let plan = session.plan(*statement).await.map_err(sql_error)?;
+            let plan = plan
+                .with_param_values(params)
+                .map_err(|e| sql_error(SqlError::from_datafusion(e, true)))?;
+            session.optimise(&plan).map_err(sql_error)?.into()
+        };
+        self.respond(session, plan, format, started).await
+    }
+
+    /// Starts an optimised plan and answers with its rows. The first rows (up to
+    /// [`WHOLE_ANSWER_BYTES`]) are gathered before the answer starts, as the HTTP endpoint
+    /// does: most answers are whole before the row description goes out, and an error in
+    /// them is an error of the statement rather than a row stream cut short.
     async fn respond(
         &self,
         session: Session,
@@ -724,18 +780,40 @@ impl Backend {
         started: std::time::Instant,
     ) -> PgWireResult<Response> {
         let limit = self.state.sql.config().timeout;
-        let query = tokio::time::timeout(limit, session.execute_optimised(plan))
+        let deadline = tokio::time::Instant::now() + limit;
+        let query = tokio::time::timeout_at(deadline, session.execute_optimised(plan))
             .await
             .map_err(|_| sql_error(SqlError::timeout(limit)))?
             .map_err(sql_error)?;
         let fields = Arc::new(fields(&query.schema, format));
+        let mut stream = query.stream;
+        let mut first: Vec<PgWireResult<DataRow>> = Vec::new();
+        let mut held = 0;
+        let mut ended = false;
+        while held <= WHOLE_ANSWER_BYTES {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(batch))) => {
+                    held += batch.get_array_memory_size();
+                    first.extend(encode_batch(&batch, &fields)?.into_iter().map(Ok));
+                }
+                Ok(Some(Err(e))) => return Err(sql_error(SqlError::from_datafusion(e, false))),
+                Ok(None) => {
+                    ended = true;
+                    break;
+                }
+                Err(_) => return Err(sql_error(SqlError::timeout(limit))),
+            }
+        }
         self.state
             .requests
             .observe("pgwire query", started.elapsed());
-        Ok(Response::Query(QueryResponse::new(
-            fields.clone(),
-            row_stream(query, fields, limit),
-        )))
+        let first = futures::stream::iter(first);
+        Ok(Response::Query(if ended {
+            QueryResponse::new(fields, first.boxed())
+        } else {
+            let rest = row_stream(stream, fields.clone(), deadline, limit);
+            QueryResponse::new(fields, first.chain(rest).boxed())
+        }))
     }
 
     /// The answer of a simple query whose text was planned before, without parsing it again.
@@ -766,7 +844,13 @@ impl SimpleQueryHandler for Backend {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let tenant = tenant_of(client)?;
-        match self.kept(&tenant, query).await {
+        let kept = self
+            .without_damage(&tenant, || self.kept(&tenant, query))
+            .await;
+        if kept.as_ref().is_ok_and(Option::is_some) {
+            self.warn_of_damage(client, &tenant).await?;
+        }
+        match kept {
             Ok(Some(response)) => return Ok(vec![response]),
             Ok(None) => {}
             Err(PgWireError::UserError(info)) => return Ok(vec![Response::Error(info)]),
@@ -789,6 +873,7 @@ impl SimpleQueryHandler for Backend {
         if out.is_empty() {
             out.push(Response::EmptyQuery);
         }
+        self.warn_of_damage(client, &tenant).await?;
         Ok(out)
     }
 }
@@ -1005,13 +1090,18 @@ impl ExtendedQueryHandler for Backend {
                 .collect::<PgWireResult<Vec<_>>>()?,
             _ => Vec::new(),
         };
-        self.run(
-            &tenant,
-            statement,
-            params,
-            Some(&portal.result_column_format),
-            None,
-        )
-        .await
+        let answer = self
+            .run(
+                &tenant,
+                statement,
+                params,
+                Some(&portal.result_column_format),
+                None,
+            )
+            .await;
+        if answer.is_ok() {
+            self.warn_of_damage(client, &tenant).await?;
+        }
+        answer
     }
 }

@@ -64,6 +64,11 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     /// `count(*)`).
     fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)>;
     fn read_head(&self, projection: &[usize]) -> Result<Vec<(usize, Vec<ArrayRef>)>>;
+    /// Whether a block found damaged is left out of the answer instead of failing it
+    /// (`--skip-corrupt-blocks`: the store has then left it out of later snapshots too).
+    fn leaves_out_damage(&self) -> bool {
+        false
+    }
     /// Rows of the head the scan will read (for EXPLAIN).
     fn head_rows(&self) -> usize;
     /// Whether each selected row (of a block or the head) is one output row, so that the
@@ -757,15 +762,20 @@ impl ExecutionPlan for WeftScanExec {
                     let decode = move || -> Result<Vec<(usize, Vec<ArrayRef>)>> {
                         let mut pieces = Vec::new();
                         for (work, narrowed) in &reads {
-                            match (work, narrowed) {
+                            let block = match (work, narrowed) {
                                 (Work::Head, _) => {
-                                    pieces.extend(t.source.read_head(&t.projection)?)
+                                    pieces.extend(t.source.read_head(&t.projection)?);
+                                    continue;
                                 }
-                                (Work::Block(_), Some(b)) => {
-                                    pieces.push(t.source.read_block(b, &t.projection)?)
-                                }
-                                (Work::Block(i), None) => pieces
-                                    .push(t.source.read_block(&t.plan.blocks[*i], &t.projection)?),
+                                (Work::Block(_), Some(b)) => b,
+                                (Work::Block(i), None) => &t.plan.blocks[*i],
+                            };
+                            match t.source.read_block(block, &t.projection) {
+                                Ok(piece) => pieces.push(piece),
+                                // a block read whole or not at all: left out of this answer
+                                // as of every later one
+                                Err(e) if t.source.leaves_out_damage() && is_damage(&e) => {}
+                                Err(e) => return Err(e),
                             }
                         }
                         Ok(pieces)
@@ -917,5 +927,17 @@ impl futures::Stream for Gathered {
                 }
             }
         }
+    }
+}
+
+/// Whether a query failed on a damaged block.
+fn is_damage(e: &DataFusionError) -> bool {
+    match e {
+        DataFusionError::External(e) => e
+            .downcast_ref::<weft_storage::StorageError>()
+            .is_some_and(|e| matches!(e, weft_storage::StorageError::CorruptBlock { .. })),
+        DataFusionError::Context(_, e) => is_damage(e),
+        DataFusionError::Shared(e) => is_damage(e),
+        _ => false,
     }
 }

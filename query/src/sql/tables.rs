@@ -229,6 +229,10 @@ impl ScanSource for SpansSource {
     fn schema(&self) -> SchemaRef {
         self.columns.schema.clone()
     }
+    fn leaves_out_damage(&self) -> bool {
+        self.ctx.store.options().skip_corrupt_blocks
+    }
+
     fn read_block(&self, work: &BlockWork, projection: &[usize]) -> Result<(usize, Vec<ArrayRef>)> {
         let view = self
             .ctx

@@ -133,3 +133,179 @@ async fn flipped_bytes_on_disk_fail_the_queries_naming_the_block_and_check_lists
         "{report}"
     );
 }
+
+/// With `--skip-corrupt-blocks` the query that meets a damaged block is answered without it,
+/// and every answer of the tenant says so (HTTP SQL: `warnings` and a header; the search API
+/// and Prometheus: `warnings`; PostgreSQL: a WARNING notice), consistently from query to
+/// query; `/metrics` counts the block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut w = Weft::start(&data, &["--skip-corrupt-blocks", "--flush-rows", "4000"]);
+    let c = Client::new();
+    let cfg = weft_bench::generator::GenConfig {
+        spans: 20_000,
+        seed: 5,
+        ..Default::default()
+    };
+    send_generated(&c, &w, cfg, None).await;
+    assert!(w.terminate(), "a clean stop writes the blocks");
+    w.restart();
+    let count = "SELECT count(*) AS n FROM spans";
+    let all = sql_rows(&c, &w, None, count).await[0][0].as_u64().unwrap();
+    let traces: Vec<String> = sql_rows(&c, &w, None, "SELECT DISTINCT trace_id FROM spans")
+        .await
+        .iter()
+        .map(|r| r[0].as_str().unwrap().to_owned())
+        .collect();
+    assert!(w.terminate());
+
+    // one byte flipped in the middle of the largest table file: a bad sector under one
+    // RocksDB block, which holds part of a column chunk
+    let sst = files_with(&data, "sst")
+        .into_iter()
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("table files after a clean stop");
+    let mut bytes = std::fs::read(&sst).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x5a;
+    std::fs::write(&sst, bytes).unwrap();
+    w.restart();
+
+    // first by trace id: the read that meets the damage fails, and the request is answered
+    // again without the block; every answer from then on says so
+    let (mut spans, mut first_warned) = (0, None);
+    for (i, id) in traces.iter().enumerate() {
+        let r = c
+            .get(&format!("{}/api/v1/traces/{id}", w.http), &[])
+            .await
+            .unwrap();
+        assert!(r.status == 200 || r.status == 404, "{id}: {}", r.text());
+        if r.status == 404 {
+            continue;
+        }
+        let answer = r.json().unwrap();
+        spans += span_count_json(&answer);
+        let warned = answer["warnings"].as_array().is_some_and(|w| !w.is_empty());
+        assert_eq!(warned, r.headers.contains_key("weft-warning"));
+        if warned {
+            first_warned.get_or_insert(i);
+        } else {
+            assert!(
+                first_warned.is_none(),
+                "{id}: an answer after the damage was found says so"
+            );
+        }
+    }
+    assert!(first_warned.is_some(), "a trace read met the damaged block");
+    assert!(0 < spans && spans < all, "{spans} of {all} spans");
+
+    let sql = |query: &'static str| {
+        let c = &c;
+        let w = &w;
+        async move {
+            c.post(
+                &format!("{}/api/v1/sql", w.http),
+                &[("content-type", "application/json")],
+                serde_json::json!({ "query": query }).to_string(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let r = sql("SELECT * FROM spans").await;
+    assert_eq!(
+        r.status,
+        200,
+        "answered without the damaged block: {}",
+        r.text()
+    );
+    let answer = r.json().unwrap();
+    assert!(answer.get("error").is_none(), "{}", answer["error"]);
+    let warnings = answer["warnings"].as_array().expect("warnings").clone();
+    assert!(!warnings.is_empty());
+    assert!(
+        warnings.iter().all(|w| {
+            let w = w.as_str().unwrap();
+            w.contains("leaves out a damaged spans block")
+                && w.contains("corrupt data in spans block")
+        }),
+        "{warnings:?}"
+    );
+    let header = r.headers.get("weft-warning").expect("a warning header");
+    assert!(
+        header.to_str().unwrap().contains("damaged block"),
+        "{header:?}"
+    );
+    let read = answer["rows"].as_array().unwrap().len() as u64;
+    assert_eq!(read, spans, "the traces by id held the same spans");
+    // every later answer leaves the same block out, whichever columns it reads
+    let r = sql("SELECT count(*) AS n FROM spans").await;
+    assert_eq!(r.status, 200);
+    let answer = r.json().unwrap();
+    assert_eq!(answer["rows"][0][0].as_u64(), Some(read));
+    assert_eq!(
+        answer["warnings"].as_array().map(Vec::len),
+        Some(warnings.len())
+    );
+
+    // the search API and Prometheus carry the warnings in their JSON
+    let r = c
+        .get(&format!("{}/api/v1/search?limit=5", w.http), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json().unwrap()["warnings"].as_array().map(Vec::len),
+        Some(warnings.len())
+    );
+    let r = c
+        .get(&format!("{}/prometheus/api/v1/query?query=1", w.http), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json().unwrap();
+    assert_eq!(answer["status"], "success");
+    assert_eq!(
+        answer["warnings"].as_array().map(Vec::len),
+        Some(warnings.len())
+    );
+
+    // PostgreSQL: the rows without the block, and a WARNING notice per block
+    let addr = format!("127.0.0.1:{}", w.pg);
+    let mut pg = weft_bench::pgclient::PgClient::connect(&addr, "weft")
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.query("SELECT span_id FROM spans").await.unwrap() as u64,
+        read
+    );
+    assert_eq!(pg.notices.len(), warnings.len(), "{:?}", pg.notices);
+    assert!(
+        pg.notices[0].starts_with("01000: this answer leaves out"),
+        "{:?}",
+        pg.notices
+    );
+
+    let metrics = c
+        .get(&format!("{}/metrics", w.http), &[])
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains(&format!("\nweft_damaged_blocks {}\n", warnings.len())),
+        "{metrics}"
+    );
+}
+
+/// Spans in an OTLP/JSON trace.
+fn span_count_json(trace: &serde_json::Value) -> u64 {
+    let empty = Vec::new();
+    let list = |v: &serde_json::Value, k: &str| v[k].as_array().unwrap_or(&empty).clone();
+    list(trace, "resourceSpans")
+        .iter()
+        .flat_map(|r| list(r, "scopeSpans"))
+        .map(|s| list(&s, "spans").len() as u64)
+        .sum()
+}
