@@ -19,6 +19,7 @@ use weft_bench::generator::{GenConfig, Generator, Profile, batches};
 
 mod logs_bench;
 mod metrics_bench;
+mod overload;
 mod soak;
 mod tempo_bench;
 
@@ -289,6 +290,32 @@ enum Cmd {
         #[arg(long)]
         weft: Option<PathBuf>,
     },
+    /// Overload: more spans offered than the server takes, from many tenants, with slow
+    /// clients; prints RSS and answers over time, then checks every acknowledged span is
+    /// stored (see `benches/src/overload.rs`).
+    Overload {
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        #[arg(long, default_value_t = 1000)]
+        tenants: usize,
+        /// Spans offered each second (about twice what this machine ingests).
+        #[arg(long, default_value_t = 400_000)]
+        spans_per_sec: usize,
+        /// Concurrent senders sharing the offered rate.
+        #[arg(long, default_value_t = 64)]
+        senders: usize,
+        /// Clients that write their bodies at 4 KiB a second.
+        #[arg(long, default_value_t = 50)]
+        slow_clients: usize,
+        /// The server's --ingest-memory, in bytes.
+        #[arg(long, default_value_t = 256 << 20)]
+        ingest_memory: usize,
+        /// Seconds between report lines.
+        #[arg(long, default_value_t = 30)]
+        every: u64,
+        #[arg(long)]
+        weft: Option<PathBuf>,
+    },
     /// Compact a stopped server's store (a full RocksDB compaction), as `peers` does before
     /// its queries, so that a store can be queried in the same state by hand
     Compact {
@@ -454,6 +481,25 @@ fn main() -> anyhow::Result<()> {
             let ids = trace_ids(&data.config(), samples);
             rt.block_on(tempo_bench::tempo(&target, &ids, runs))
         }
+        Cmd::Overload {
+            minutes,
+            tenants,
+            spans_per_sec,
+            senders,
+            slow_clients,
+            ingest_memory,
+            every,
+            weft,
+        } => rt.block_on(overload::overload(overload::OverloadOpts {
+            minutes,
+            tenants,
+            spans_per_sec,
+            slow_clients,
+            ingest_memory,
+            senders: senders.max(1),
+            every: Duration::from_secs(every.max(1)),
+            weft,
+        })),
         Cmd::Soak {
             minutes,
             spans_per_sec,

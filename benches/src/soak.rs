@@ -32,7 +32,7 @@ struct Window {
     errors: [u64; 4],
 }
 
-fn kib(pid: u32, key: &str) -> u64 {
+pub(crate) fn kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
