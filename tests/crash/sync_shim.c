@@ -6,10 +6,12 @@
  * every file back to its last synced size, deletes files never synced, and undoes the names
  * that no directory sync made durable: a file created, or a rename made, after its
  * directory's last fsync. That is what a machine losing power may keep. sync_file_range and
- * msync are deliberately not counted: they do not make data durable. Deletions are taken as
- * durable at once (a file cannot be brought back). */
+ * msync are deliberately not counted: they do not make data durable. A deletion ("U <path>
+ * <backup>", <backup> a hard link to the deleted file) is undone the same way when no fsync of
+ * its directory followed it: the file comes back, cut to what was synced of it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -137,5 +139,72 @@ int rename(const char *from, const char *to) {
     if (watched) keep_old(to, backup);
     int r = real(from, to);
     if (r == 0 && watched) record("R %s %s %s\n", from, to, backup);
+    return r;
+}
+
+/* `path` made absolute (against the working directory, or the directory `dirfd` names). */
+static int absolute(int dirfd, const char *path, char *out) {
+    if (path[0] == '/') {
+        snprintf(out, PATH_MAX, "%s", path);
+        return 1;
+    }
+    char base[PATH_MAX];
+    if (dirfd == AT_FDCWD) {
+        if (!getcwd(base, sizeof base)) return 0;
+    } else {
+        char link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+        ssize_t n = readlink(link, base, sizeof base - 1);
+        if (n <= 0) return 0;
+        base[n] = 0;
+    }
+    return snprintf(out, PATH_MAX, "%s/%s", base, path) < PATH_MAX;
+}
+
+static int (*real_unlink)(const char *);
+static int (*real_unlinkat)(int, const char *, int);
+
+static void find_real(void) {
+    if (!real_unlink) real_unlink = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
+    if (!real_unlinkat) real_unlinkat = (int (*)(int, const char *, int))dlsym(RTLD_NEXT, "unlinkat");
+}
+
+/* Before deleting a regular file under the root: a hard link to it beside the log. */
+static int before_delete(int dirfd, const char *path, char *full, char *backup) {
+    struct stat st;
+    int watched = absolute(dirfd, path, full) && under_root(full) && lstat(full, &st) == 0 &&
+                  S_ISREG(st.st_mode);
+    if (watched) keep_old(full, backup);
+    return watched;
+}
+
+/* After it: the deletion logged, or the link dropped when it failed. */
+static void after_delete(int watched, int r, const char *full, const char *backup) {
+    if (!watched) return;
+    if (r == 0) {
+        record("U %s %s\n", full, backup);
+    } else if (strcmp(backup, "-") != 0) {
+        int saved = errno;
+        real_unlink(backup);
+        errno = saved;
+    }
+}
+
+int unlink(const char *path) {
+    find_real();
+    char full[PATH_MAX], backup[PATH_MAX];
+    int watched = before_delete(AT_FDCWD, path, full, backup);
+    int r = real_unlink(path);
+    after_delete(watched, r, full, backup);
+    return r;
+}
+
+int unlinkat(int dirfd, const char *path, int flags) {
+    find_real();
+    if (flags & AT_REMOVEDIR) return real_unlinkat(dirfd, path, flags);
+    char full[PATH_MAX], backup[PATH_MAX];
+    int watched = before_delete(dirfd, path, full, backup);
+    int r = real_unlinkat(dirfd, path, flags);
+    after_delete(watched, r, full, backup);
     return r;
 }

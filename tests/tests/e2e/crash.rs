@@ -383,9 +383,9 @@ async fn blocks_expired(w: &Weft) -> u64 {
 /// Cuts every file under `data` back to what a power cut would have left, from the shim's log:
 /// names that no directory sync made durable are undone (a rename made after its directory's
 /// last fsync is reversed and the file it replaced put back; a file created after it is
-/// removed), then each file is cut back to its size at its last fsync/fdatasync and files never
-/// synced are removed. Returns (files cut, files removed, renames undone).
-fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, usize) {
+/// removed; a file deleted after it comes back), then each file is cut back to its size at its
+/// last fsync/fdatasync and files never synced are removed.
+fn power_cut(data: &std::path::Path, log: &std::path::Path) -> PowerCut {
     use std::path::Path;
     let norm = |p: &str| p.replace("//", "/");
     let parent = |p: &str| {
@@ -406,6 +406,15 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
     let mut created: HashMap<String, usize> = HashMap::new();
     let mut dir_synced: HashMap<String, usize> = HashMap::new();
     let mut renames: Vec<Renamed> = Vec::new();
+    /// A deletion, with what was synced and when the file was created, as of then.
+    struct Deleted {
+        at: usize,
+        path: String,
+        backup: Option<String>,
+        synced: Option<u64>,
+        created: Option<usize>,
+    }
+    let mut deletions: Vec<Deleted> = Vec::new();
     for (at, line) in std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
@@ -439,6 +448,16 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
                     old_size,
                 });
             }
+            ["U", path, backup] => {
+                let path = norm(path);
+                deletions.push(Deleted {
+                    at,
+                    backup: (*backup != "-").then(|| backup.to_string()),
+                    synced: synced.remove(&path),
+                    created: created.remove(&path),
+                    path,
+                });
+            }
             _ => {}
         }
     }
@@ -467,6 +486,24 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
             let _ = std::fs::remove_file(backup);
         }
     }
+    // deletions no directory sync made durable: the file is back, as synced and named then
+    let mut restored = 0;
+    for d in deletions.iter().rev() {
+        let Some(backup) = &d.backup else { continue };
+        if durable(&d.path, d.at) || Path::new(&d.path).exists() {
+            let _ = std::fs::remove_file(backup);
+            continue;
+        }
+        std::fs::rename(backup, &d.path).unwrap();
+        match d.synced {
+            Some(size) => synced.insert(d.path.clone(), size),
+            None => synced.remove(&d.path),
+        };
+        if let Some(at) = d.created {
+            created.insert(d.path.clone(), at);
+        }
+        restored += 1;
+    }
     let (mut cut, mut removed) = (0, 0);
     for (path, len) in files_under(data) {
         let name = norm(path.to_str().unwrap());
@@ -490,7 +527,25 @@ fn power_cut(data: &std::path::Path, log: &std::path::Path) -> (usize, usize, us
         .map(|(path, len)| format!("S {len} {}\n", path.display()))
         .collect();
     std::fs::write(log, baseline).unwrap();
-    (cut, removed, undone)
+    PowerCut {
+        cut,
+        removed,
+        undone,
+        restored,
+    }
+}
+
+/// What a power cut changed on disk.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PowerCut {
+    /// Files cut back to their last synced size.
+    cut: usize,
+    /// Files removed: never synced, or created after their directory's last sync.
+    removed: usize,
+    /// Renames undone.
+    undone: usize,
+    /// Deleted files brought back.
+    restored: usize,
 }
 
 /// Every file under `dir` (not directories), with its length.
@@ -557,8 +612,8 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         done.clone(),
     );
     let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
-    let (mut cut, mut removed, mut undone) = (0, 0, 0);
-    let (mut synced_logs, mut dir_syncs, mut creations) = (0, 0, 0);
+    let mut total = PowerCut::default();
+    let (mut synced_logs, mut dir_syncs, mut creations, mut deletions) = (0, 0, 0, 0);
     let cycles = crash_cycles(4);
     for _ in 0..cycles {
         seed ^= seed << 13;
@@ -573,10 +628,12 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
             .count();
         dir_syncs += events.lines().filter(|l| l.starts_with("D ")).count();
         creations += events.lines().filter(|l| l.starts_with("C ")).count();
-        let (c, r, u) = power_cut(&data, &log);
-        cut += c;
-        removed += r;
-        undone += u;
+        deletions += events.lines().filter(|l| l.starts_with("U ")).count();
+        let c = power_cut(&data, &log);
+        total.cut += c.cut;
+        total.removed += c.removed;
+        total.undone += c.undone;
+        total.restored += c.restored;
         w.restart();
         *otlp.lock().unwrap() = w.otlp.clone();
     }
@@ -588,12 +645,16 @@ async fn acknowledged_spans_survive_power_cuts_that_drop_unsynced_writes() {
         "the shim saw no write-ahead log sync: it is not in effect"
     );
     assert!(
-        dir_syncs > 0 && creations > 0,
-        "the shim saw {dir_syncs} directory syncs and {creations} file creations: it does not see them"
+        dir_syncs > 0 && creations > 0 && deletions > 0,
+        "the shim saw {dir_syncs} directory syncs, {creations} file creations and {deletions} deletions: it does not see them"
     );
     let acked = acked.lock().unwrap().clone();
     eprintln!(
-        "{cycles} power cuts: {creations} files created, {dir_syncs} directory syncs; {cut} files cut back, {removed} files removed (never synced or not yet named durably), {undone} renames undone, {} spans acknowledged",
+        "{cycles} power cuts: {creations} files created, {deletions} deleted, {dir_syncs} directory syncs; {} files cut back, {} files removed (never synced or not yet named durably), {} renames undone, {} deleted files brought back, {} spans acknowledged",
+        total.cut,
+        total.removed,
+        total.undone,
+        total.restored,
         acked.len()
     );
     assert!(acked.len() > 1000, "ingested: {}", acked.len());
@@ -655,8 +716,8 @@ fn power_cuts_keep_only_names_a_directory_sync_made_durable() {
         ),
     )
     .unwrap();
-    let (cut, removed, undone) = power_cut(&data, &log);
-    assert_eq!(undone, 1);
+    let c = power_cut(&data, &log);
+    assert_eq!(c.undone, 1);
     assert_eq!(
         std::fs::read_to_string(data.join("CURRENT")).unwrap(),
         "old"
@@ -668,7 +729,7 @@ fn power_cuts_keep_only_names_a_directory_sync_made_durable() {
     // the reversed temp file and the table were created after the last directory sync
     assert!(!data.join("CURRENT.tmp").exists());
     assert!(!data.join("000002.sst").exists());
-    assert_eq!((cut, removed), (0, 2));
+    assert_eq!((c.cut, c.removed, c.restored), (0, 2, 0));
 
     // the same rename followed by a directory sync stands
     write("CURRENT", "new-current");
@@ -680,10 +741,43 @@ fn power_cuts_keep_only_names_a_directory_sync_made_durable() {
         ),
     )
     .unwrap();
-    let (_, _, undone) = power_cut(&data, &log);
-    assert_eq!(undone, 0);
+    assert_eq!(power_cut(&data, &log).undone, 0);
     assert_eq!(
         std::fs::read_to_string(data.join("CURRENT")).unwrap(),
         "new-current"
     );
+
+    // deletions: one before the directory's last sync stays deleted; one after it comes back
+    // cut to its synced size; a file deleted that was never durably named stays gone
+    write("000003.log", "old-log-tail");
+    write("000004.log", "older");
+    write("000005.sst", "x");
+    let keep = |name: &str| {
+        let b = dir.path().join(format!("{name}.deleted"));
+        std::fs::rename(data.join(name), &b).unwrap();
+        b.display().to_string()
+    };
+    let (b3, b4, b5) = (keep("000003.log"), keep("000004.log"), keep("000005.sst"));
+    std::fs::write(
+        &log,
+        format!(
+            "S 7 {d}/000003.log\nS 5 {d}/000004.log\n\
+             U {d}/000004.log {b4}\nD {d}\n\
+             U {d}/000003.log {b3}\n\
+             C {d}/000005.sst\nS 1 {d}/000005.sst\nU {d}/000005.sst {b5}\n"
+        ),
+    )
+    .unwrap();
+    let c = power_cut(&data, &log);
+    assert_eq!(c.restored, 2, "{c:?}");
+    assert_eq!(
+        std::fs::read_to_string(data.join("000003.log")).unwrap(),
+        "old-log"
+    );
+    assert!(!data.join("000004.log").exists());
+    assert!(
+        !data.join("000005.sst").exists(),
+        "created and deleted unnamed"
+    );
+    assert!(!std::path::Path::new(&b4).exists(), "backups are dropped");
 }
