@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Unflushed rows above which writes get 429 until a flush catches up [default: 524288].
     #[arg(long, env = "WEFT_MAX_PENDING_ROWS")]
     pub max_pending_rows: Option<usize>,
+    /// Memory the unflushed rows of all tenants may hold together, in bytes: past half of it
+    /// every head is flushed, past it writes get a retryable 429 / RESOURCE_EXHAUSTED
+    /// [default: 1073741824].
+    #[arg(long, env = "WEFT_HEAD_MEMORY")]
+    pub head_memory: Option<usize>,
     /// Time window of a block, e.g. 1h [default: 1h].
     #[arg(long, env = "WEFT_BLOCK_WINDOW")]
     pub block_window: Option<String>,
@@ -210,6 +215,7 @@ struct FileConfig {
     flush_rows: Option<usize>,
     flush_age: Option<String>,
     max_pending_rows: Option<usize>,
+    head_memory: Option<usize>,
     block_window: Option<String>,
     cache_bytes: Option<usize>,
     min_free_disk: Option<u64>,
@@ -407,6 +413,12 @@ impl Config {
                 args.max_pending_rows
                     .or(file.max_pending_rows)
                     .unwrap_or(store_default.max_pending_rows),
+            )?,
+            max_head_bytes: positive(
+                "head_memory",
+                args.head_memory
+                    .or(file.head_memory)
+                    .unwrap_or(store_default.max_head_bytes),
             )?,
             window: duration(
                 "block_window",

@@ -58,6 +58,7 @@ impl Class {
         match e {
             StorageError::InvalidTenant { .. } | StorageError::InvalidId { .. } => Self::BadRequest,
             StorageError::Overloaded { retry_after_ms, .. } => Self::Retry(*retry_after_ms),
+            StorageError::HeadsFull { .. } => Self::Retry(1000),
             StorageError::DiskFull { .. } => Self::DiskFull,
             StorageError::TooManyTenants { .. } => Self::Retry(60_000),
             StorageError::ShuttingDown => Self::Unavailable,

@@ -332,6 +332,12 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     );
     counter(
         &mut out,
+        "weft_head_budget_refusals_total",
+        "Writes refused because the heads of all tenants held --ingest-memory bytes waiting for flush.",
+        load(&s.refused_head_budget),
+    );
+    counter(
+        &mut out,
         "weft_blocks_left_out_total",
         "Blocks left out of answers after a query found part of them damaged (--skip-corrupt-blocks).",
         load(&s.blocks_left_out),

@@ -289,7 +289,11 @@ impl Ingester {
                 e.to_string(),
             )))
         })?;
-        if let Err(IngestError::Overloaded { .. }) = &result {
+        if let Err(
+            IngestError::Overloaded { .. }
+            | IngestError::Storage(weft_storage::StorageError::HeadsFull { .. }),
+        ) = &result
+        {
             self.stats.count_rejected(RejectReason::Overloaded, 1);
         }
         result

@@ -24,6 +24,10 @@ pub enum StorageError {
         "this store holds data of {max} tenants, the most --max-tenants allows: writes for another tenant are refused"
     )]
     TooManyTenants { max: usize },
+    #[error(
+        "write path saturated: the heads of all tenants hold {bytes} bytes waiting for flush, over the {max} bytes --head-memory allows them; retry after 1000 ms"
+    )]
+    HeadsFull { bytes: usize, max: usize },
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error(

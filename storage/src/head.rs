@@ -19,6 +19,9 @@ pub struct Head<R: Row> {
     /// (Fx hashing: ids are random already, and SipHash showed at 4.6% of ingest CPU.)
     pub seen: FxHashSet<R::Id>,
     pub rows: usize,
+    /// What its rows take in memory (see `Row::heap_bytes`): what the store-wide head budget
+    /// counts.
+    pub bytes: usize,
     pub since: Option<Instant>,
     /// The earliest time of its rows (`u64::MAX` when empty), so that a read under a
     /// retention cutoff filters the head only when some row is older.
@@ -36,6 +39,7 @@ impl<R: Row> Default for Head<R> {
             wal_keys: Vec::new(),
             seen: FxHashSet::default(),
             rows: 0,
+            bytes: 0,
             since: None,
             min_start: u64::MAX,
             waited: FxHashMap::default(),
@@ -44,7 +48,8 @@ impl<R: Row> Default for Head<R> {
 }
 
 impl<R: Row> Head<R> {
-    pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<R>>, now: Instant) {
+    /// Adds a batch written ahead under `wal_key` as `bytes` bytes.
+    pub fn push(&mut self, wal_key: Vec<u8>, batch: Arc<Vec<R>>, now: Instant, bytes: usize) {
         let b = self.batches.len() as u32;
         for (i, row) in batch.iter().enumerate() {
             if let Some(trace) = row.trace_id() {
@@ -53,6 +58,7 @@ impl<R: Row> Head<R> {
             self.min_start = self.min_start.min(row.time().0);
         }
         self.rows += batch.len();
+        self.bytes += bytes;
         self.since.get_or_insert(now);
         self.wal_keys.push(wal_key);
         self.batches.push(batch);

@@ -12,7 +12,10 @@ use crate::block::format::Compression;
 use crate::block::{BlockReader, BuiltBlock, reader::Rows};
 use crate::error::Result;
 use crate::keys::Signal;
-use crate::model::{LogRecord, MetricPoint, SeriesId, SpanId, SpanRecord, TraceId, UnixNanos};
+use crate::model::{
+    Event, KeyValue, Link, LogRecord, MetricPoint, SeriesId, SpanId, SpanRecord, TraceId,
+    UnixNanos, Value,
+};
 use crate::store::ChunkFetcher;
 
 /// A row of a signal.
@@ -33,6 +36,11 @@ pub trait Row: Clone + Send + Sync + 'static {
     fn build_block(rows: Vec<&Self>, compression: Compression) -> Result<BuiltBlock>;
     /// Every row of a block, for merging it into another.
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>>;
+    /// About what the row holds in memory (its own size and what it owns on the heap; shared
+    /// resources and scopes not counted): what the heads' budget counts.
+    fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+    }
     /// Splits rows into parts of about `max` rows, one block each.
     fn split(rows: Vec<&Self>, max: usize) -> Vec<Vec<&Self>> {
         rows.chunks(max.max(1)).map(<[_]>::to_vec).collect()
@@ -63,6 +71,27 @@ impl Row for SpanRecord {
     }
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         reader.spans(&Rows::All, true)
+    }
+    fn heap_bytes(&self) -> usize {
+        let events: usize = self
+            .events
+            .iter()
+            .map(|e| std::mem::size_of::<Event>() + e.name.len() + attribute_bytes(&e.attributes))
+            .sum();
+        let links: usize = self
+            .links
+            .iter()
+            .map(|l| {
+                std::mem::size_of::<Link>() + l.trace_state.len() + attribute_bytes(&l.attributes)
+            })
+            .sum();
+        std::mem::size_of::<Self>()
+            + self.trace_state.len()
+            + self.name.len()
+            + self.status_message.len()
+            + attribute_bytes(&self.attributes)
+            + events
+            + links
     }
     /// Never splits a trace unless a single trace alone exceeds `max`: a trace read by id
     /// then touches as few blocks as possible.
@@ -110,6 +139,13 @@ impl Row for LogRecord {
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         crate::block::logs::read(reader, &Rows::All)
     }
+    fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.severity_text.len()
+            + self.event_name.len()
+            + value_bytes(&self.body)
+            + attribute_bytes(&self.attributes)
+    }
 }
 
 impl Row for MetricPoint {
@@ -137,5 +173,45 @@ impl Row for MetricPoint {
     }
     fn read_block(reader: &BlockReader<'_, ChunkFetcher<'_>>) -> Result<Vec<Self>> {
         crate::block::metrics::read(reader, &Rows::All)
+    }
+    fn heap_bytes(&self) -> usize {
+        let buckets = self
+            .value
+            .buckets()
+            .map_or(0, |(b, c)| 8 * (b.len() + c.len()));
+        let exemplars: usize = self
+            .exemplars
+            .iter()
+            .map(|e| {
+                std::mem::size_of_val(e)
+                    + e.filtered
+                        .iter()
+                        .map(|(k, v)| 48 + k.len() + v.len())
+                        .sum::<usize>()
+            })
+            .sum();
+        std::mem::size_of::<Self>() + buckets + exemplars
+    }
+}
+
+/// What attributes hold in memory: their slots and their keys' and values' bytes.
+fn attribute_bytes(attributes: &[KeyValue]) -> usize {
+    attributes
+        .iter()
+        .map(|kv| std::mem::size_of::<KeyValue>() + kv.key.len() + value_bytes(&kv.value))
+        .sum()
+}
+
+/// The heap bytes of a value (arrays and maps count their slots too).
+fn value_bytes(v: &Value) -> usize {
+    match v {
+        Value::Str(s) => s.len(),
+        Value::Bytes(b) => b.len(),
+        Value::Array(a) => a
+            .iter()
+            .map(|v| std::mem::size_of::<Value>() + value_bytes(v))
+            .sum(),
+        Value::KvList(kvs) => attribute_bytes(kvs),
+        _ => 0,
     }
 }

@@ -50,6 +50,11 @@ pub struct StoreOptions {
     pub flush_age: Duration,
     /// Refuse appends (retryably) while this many rows wait for flush.
     pub max_pending_rows: usize,
+    /// Memory (see [`Row::heap_bytes`]) that every tenant's heads may hold together: past
+    /// half of it every head is flushed, past it appends are refused (retryably) until
+    /// flushes catch up. Many tenants each under their own flush size would otherwise hold a
+    /// flush age of traffic in memory. 0: no bound.
+    pub max_head_bytes: usize,
     /// Width of a time window; blocks never straddle one.
     pub window: Duration,
     /// RocksDB block cache size.
@@ -82,6 +87,7 @@ impl Default for StoreOptions {
             flush_rows: 131_072,
             flush_age: Duration::from_secs(10),
             max_pending_rows: 524_288,
+            max_head_bytes: 1 << 30,
             window: Duration::from_secs(3600),
             cache_bytes: 128 << 20,
             retention: Retention::default(),
@@ -103,6 +109,8 @@ pub struct StoreStats {
     pub refused_tenants: AtomicU64,
     /// Writes refused because the disk was (nearly) full.
     pub refused_disk_full: AtomicU64,
+    /// Writes refused because every tenant's heads together held `max_head_bytes`.
+    pub refused_head_budget: AtomicU64,
     /// Block metas and head records left out at open because they failed their checksums.
     pub corrupt_skipped: AtomicU64,
     /// Blocks left out of answers after a query found part of them damaged.
@@ -202,6 +210,8 @@ struct TenantState<R: Row> {
     /// against `max_pending_rows`, so that a restart near the limit does not refuse every
     /// write until they are flushed (they are due at once).
     replayed: usize,
+    /// Their bytes (see [`Head::bytes`]).
+    replayed_bytes: usize,
     /// The head being turned into blocks: still readable until its blocks are visible.
     frozen: Option<Arc<Head<R>>>,
     /// Row identities of the last flushed head, so a retry arriving just after a flush is
@@ -224,6 +234,7 @@ impl<R: Row> Default for TenantState<R> {
             head: Head::default(),
             in_flight: Default::default(),
             replayed: 0,
+            replayed_bytes: 0,
             frozen: None,
             recent: Default::default(),
             recent_at: None,
@@ -272,12 +283,13 @@ impl<R: Row> TenantState<R> {
         let mut restored = Head::default();
         let now = Instant::now();
         for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
-            restored.push(key.clone(), batch.clone(), now);
+            restored.push(key.clone(), batch.clone(), now, 0);
         }
         let newer = std::mem::take(&mut self.head);
         for (key, batch) in newer.wal_keys.into_iter().zip(newer.batches) {
-            restored.push(key, batch, now);
+            restored.push(key, batch, now, 0);
         }
+        restored.bytes = head.bytes + newer.bytes;
         restored.seen = head.seen.union(&newer.seen).copied().collect();
         restored.waited = head.waited.clone();
         for (trace, n) in newer.waited {
@@ -290,6 +302,11 @@ impl<R: Row> TenantState<R> {
 
     fn pending_rows(&self) -> usize {
         self.head.rows + self.frozen.as_ref().map_or(0, |f| f.rows)
+    }
+    /// Bytes of the pending rows that count against the store-wide head budget.
+    fn admitted_bytes(&self) -> usize {
+        (self.head.bytes + self.frozen.as_ref().map_or(0, |f| f.bytes))
+            .saturating_sub(self.replayed_bytes)
     }
     /// Pending rows that count against `max_pending_rows`.
     fn admitted_rows(&self) -> usize {
@@ -363,6 +380,15 @@ impl State {
         self.spans.contains_key(tenant)
             || self.logs.contains_key(tenant)
             || self.metrics.contains_key(tenant)
+    }
+
+    /// Bytes every tenant's heads hold (see [`Head::bytes`]), of every signal, replayed rows
+    /// aside.
+    fn head_bytes(&self) -> usize {
+        fn sum<R: Row>(lanes: &HashMap<TenantId, TenantState<R>>) -> usize {
+            lanes.values().map(TenantState::admitted_bytes).sum()
+        }
+        sum(&self.spans) + sum(&self.logs) + sum(&self.metrics)
     }
 
     /// Tenants with rows of any signal.
@@ -790,6 +816,17 @@ impl Store {
                 retry_after_ms: 1000,
             });
         }
+        if self.heads_full(&state) {
+            self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .refused_head_budget
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(StorageError::HeadsFull {
+                bytes: state.head_bytes(),
+                max: self.opts.max_head_bytes,
+            });
+        }
+        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mine = Arc::new(InFlight::default());
         let mut reserved = Reserved {
             fresh: Vec::with_capacity(total),
@@ -837,13 +874,12 @@ impl Store {
     ) -> Result<Arc<Vec<R>>> {
         let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
+        let value = seal(R::encode_rows(&fresh));
+        let bytes = head_bytes_of(&fresh);
         let written = self.write_hook(fresh.len()).and_then(|()| {
-            Ok(self.db.put_cf_opt(
-                self.cf(CF_HEAD),
-                &key,
-                seal(R::encode_rows(&fresh)),
-                &self.sync,
-            )?)
+            Ok(self
+                .db
+                .put_cf_opt(self.cf(CF_HEAD), &key, value, &self.sync)?)
         });
         let written = written.map_err(|e| match e {
             StorageError::RocksDb(e) if crate::disk::is_out_of_space(&e) => {
@@ -878,7 +914,7 @@ impl Store {
                 .last_append_ms
                 .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
             self.idle_flushed.store(false, Ordering::Release);
-            t.head.push(key, fresh.clone(), Instant::now());
+            t.head.push(key, fresh.clone(), Instant::now(), bytes);
         }
         drop(state);
         if let Some(write) = write {
@@ -944,9 +980,22 @@ impl Store {
     /// Whether any tenant's head (of any signal) is due for a flush.
     pub fn flush_due(&self) -> bool {
         let state = self.lock();
-        state.spans.values().any(|t| self.head_due(&t.head))
+        self.heads_pressed(&state)
+            || state.spans.values().any(|t| self.head_due(&t.head))
             || state.logs.values().any(|t| self.head_due(&t.head))
             || state.metrics.values().any(|t| self.head_due(&t.head))
+    }
+
+    /// Whether the heads hold half of `max_head_bytes`: every head is then due.
+    fn heads_pressed(&self, state: &State) -> bool {
+        let max = self.opts.max_head_bytes;
+        max > 0 && state.head_bytes() * 2 >= max
+    }
+
+    /// Whether the heads hold `max_head_bytes`: appends wait for flushes.
+    fn heads_full(&self, state: &State) -> bool {
+        let max = self.opts.max_head_bytes;
+        max > 0 && state.head_bytes() >= max
     }
 
     fn head_due<R: Row>(&self, head: &Head<R>) -> bool {
@@ -969,9 +1018,10 @@ impl Store {
     fn flush_signal<R: Lane>(&self, force: bool) -> Result<usize> {
         let frozen: Vec<(TenantId, Arc<Head<R>>)> = {
             let mut state = self.lock();
+            let pressed = self.heads_pressed(&state);
             R::lanes_mut(&mut state)
                 .iter_mut()
-                .filter(|(_, t)| !t.head.is_empty() && (force || self.head_due(&t.head)))
+                .filter(|(_, t)| !t.head.is_empty() && (force || pressed || self.head_due(&t.head)))
                 .map(|(tenant, t)| {
                     let head = Arc::new(std::mem::take(&mut t.head));
                     t.frozen = Some(head.clone());
@@ -1004,8 +1054,10 @@ impl Store {
                     texts.push((tenant.clone(), text));
                     if let Some(kept) = kept {
                         t.head.seen.extend(kept.rows.iter().map(Row::id));
+                        // its bytes as a share of the frozen head's
+                        let bytes = head.bytes * kept.rows.len() / head.rows.max(1);
                         t.head
-                            .push(kept.wal_key, Arc::new(kept.rows), Instant::now());
+                            .push(kept.wal_key, Arc::new(kept.rows), Instant::now(), bytes);
                         for (trace, n) in kept.waited {
                             let w = t.head.waited.entry(trace).or_default();
                             *w = (*w).max(n);
@@ -1028,6 +1080,7 @@ impl Store {
                     t.recent_at = Some(now);
                     // the first head flushed after open held every replayed row
                     t.replayed = 0;
+                    t.replayed_bytes = 0;
                 }
                 Err(e) => {
                     tracing::error!(tenant = %tenant, signal = R::SIGNAL.name(), error = %e, rows = head.rows, "flush failed; the rows stay in the write-ahead head");
@@ -1897,7 +1950,8 @@ trait Lane: Row {
         let rows = Self::decode_rows(value)?;
         let t = Self::lanes_mut(state).entry(tenant).or_default();
         t.head.seen.extend(rows.iter().map(Row::id));
-        t.head.push(key.to_vec(), Arc::new(rows), now);
+        let bytes = head_bytes_of(&rows);
+        t.head.push(key.to_vec(), Arc::new(rows), now, bytes);
         Ok(())
     }
 
@@ -1906,6 +1960,7 @@ trait Lane: Row {
         let mut total = 0;
         for t in Self::lanes_mut(state).values_mut() {
             t.replayed = t.head.rows;
+            t.replayed_bytes = t.head.bytes;
             if t.replayed > 0 {
                 t.head.since = Some(due);
             }
@@ -1992,6 +2047,13 @@ impl Lane for MetricPoint {
     fn lanes_mut(state: &mut State) -> &mut HashMap<TenantId, TenantState<Self>> {
         &mut state.metrics
     }
+}
+
+/// What rows take in a head: their own memory and their places in its indexes (the identity
+/// set and the trace index).
+fn head_bytes_of<R: Row>(rows: &[R]) -> usize {
+    const INDEXED: usize = 64;
+    rows.iter().map(|r| r.heap_bytes() + INDEXED).sum()
 }
 
 /// A RocksDB read error, named for the block part it was reading when RocksDB found its own

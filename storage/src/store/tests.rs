@@ -363,6 +363,55 @@ fn backpressure_refuses_instead_of_queueing() {
     assert!(store.append(&t, random_traces(7, 1)).is_ok());
 }
 
+/// Many tenants, each far under its flush size, hold a flush age of traffic between them:
+/// the heads of all tenants are bounded together. Past half the budget every head is due;
+/// past all of it appends are refused (retryably) until a flush has emptied them.
+#[test]
+fn the_heads_of_all_tenants_share_one_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            flush_rows: 100_000,
+            flush_age: Duration::from_secs(3600),
+            max_head_bytes: 1 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (mut accepted, mut refused) = (0usize, None);
+    for i in 0..1000 {
+        let t = tenant(&format!("t{i}"));
+        match store.append(&t, random_traces(i, 2)) {
+            Ok(_) => accepted += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+        if accepted == 1 {
+            assert!(!store.flush_due(), "one small head is not due");
+        }
+    }
+    let err = refused.expect("appends past the budget are refused");
+    assert!(
+        matches!(err, StorageError::HeadsFull { max, .. } if max == 1 << 20),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--head-memory"), "{err}");
+    assert!(accepted > 1, "{accepted}");
+    let held = store.lock().head_bytes();
+    assert!(held >= 1 << 20 && held < 2 << 20, "{held}");
+    assert_eq!(store.stats.refused_head_budget.load(Ordering::Relaxed), 1);
+    // every head is due now, though none is old or big
+    assert!(store.flush_due());
+    store.flush(false).unwrap();
+    assert_eq!(store.pending_rows(), 0, "every head flushed");
+    assert_eq!(store.lock().head_bytes(), 0);
+    assert!(!store.flush_due());
+    assert!(store.append(&tenant("late"), random_traces(1, 2)).is_ok());
+}
+
 #[test]
 fn a_latency_that_repeats_the_duration_is_derived_not_stored_and_reads_back_equal() {
     let dir = tempfile::tempdir().unwrap();
