@@ -76,21 +76,21 @@ impl Row for SpanRecord {
         let events: usize = self
             .events
             .iter()
-            .map(|e| std::mem::size_of::<Event>() + e.name.len() + attribute_bytes(&e.attributes))
+            .map(|e| string_bytes(&e.name) + attribute_bytes(&e.attributes))
             .sum();
         let links: usize = self
             .links
             .iter()
-            .map(|l| {
-                std::mem::size_of::<Link>() + l.trace_state.len() + attribute_bytes(&l.attributes)
-            })
+            .map(|l| string_bytes(&l.trace_state) + attribute_bytes(&l.attributes))
             .sum();
         std::mem::size_of::<Self>()
-            + self.trace_state.len()
-            + self.name.len()
-            + self.status_message.len()
+            + string_bytes(&self.trace_state)
+            + string_bytes(&self.name)
+            + string_bytes(&self.status_message)
             + attribute_bytes(&self.attributes)
+            + slots::<Event>(self.events.capacity())
             + events
+            + slots::<Link>(self.links.capacity())
             + links
     }
     /// Never splits a trace unless a single trace alone exceeds `max`: a trace read by id
@@ -141,8 +141,8 @@ impl Row for LogRecord {
     }
     fn heap_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
-            + self.severity_text.len()
-            + self.event_name.len()
+            + string_bytes(&self.severity_text)
+            + string_bytes(&self.event_name)
             + value_bytes(&self.body)
             + attribute_bytes(&self.attributes)
     }
@@ -194,24 +194,64 @@ impl Row for MetricPoint {
     }
 }
 
+/// What the allocator keeps for one allocation beyond what was asked (size classes, headers).
+const ALLOCATION: usize = 16;
+
+/// A heap allocation of `capacity` slots of `T` (none when empty).
+fn slots<T>(capacity: usize) -> usize {
+    match capacity * std::mem::size_of::<T>() {
+        0 => 0,
+        n => n + ALLOCATION,
+    }
+}
+
+fn string_bytes(s: &str) -> usize {
+    slots::<u8>(s.len())
+}
+
 /// What attributes hold in memory: their slots and their keys' and values' bytes.
-fn attribute_bytes(attributes: &[KeyValue]) -> usize {
-    attributes
-        .iter()
-        .map(|kv| std::mem::size_of::<KeyValue>() + kv.key.len() + value_bytes(&kv.value))
-        .sum()
+fn attribute_bytes(attributes: &Vec<KeyValue>) -> usize {
+    slots::<KeyValue>(attributes.capacity())
+        + attributes
+            .iter()
+            .map(|kv| string_bytes(&kv.key) + value_bytes(&kv.value))
+            .sum::<usize>()
 }
 
 /// The heap bytes of a value (arrays and maps count their slots too).
 fn value_bytes(v: &Value) -> usize {
     match v {
-        Value::Str(s) => s.len(),
-        Value::Bytes(b) => b.len(),
-        Value::Array(a) => a
-            .iter()
-            .map(|v| std::mem::size_of::<Value>() + value_bytes(v))
-            .sum(),
+        Value::Str(s) => string_bytes(s),
+        Value::Bytes(b) => slots::<u8>(b.capacity()),
+        Value::Array(a) => slots::<Value>(a.capacity()) + a.iter().map(value_bytes).sum::<usize>(),
         Value::KvList(kvs) => attribute_bytes(kvs),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rows_memory_counts_what_it_owns() {
+        let bare = SpanRecord::default();
+        assert_eq!(bare.heap_bytes(), std::mem::size_of::<SpanRecord>());
+        let mut span = SpanRecord {
+            name: "llm.generate".into(),
+            ..Default::default()
+        };
+        span.attributes
+            .push(KeyValue::new("prompt", Value::Str("x".repeat(1000))));
+        let attribute = std::mem::size_of::<KeyValue>() + "prompt".len() + 1000;
+        assert!(span.heap_bytes() >= bare.heap_bytes() + "llm.generate".len() + attribute);
+        // the attribute vector has room for four, as `push` leaves it
+        let room = 4 * std::mem::size_of::<KeyValue>() + 100;
+        assert!(span.heap_bytes() <= bare.heap_bytes() + attribute + room);
+        let log = LogRecord {
+            body: Value::Str("y".repeat(5000)),
+            ..Default::default()
+        };
+        assert!(log.heap_bytes() >= std::mem::size_of::<LogRecord>() + 5000);
     }
 }

@@ -2050,9 +2050,10 @@ impl Lane for MetricPoint {
 }
 
 /// What rows take in a head: their own memory and their places in its indexes (the identity
-/// set and the trace index).
+/// set and the trace index, at their load factors), and in the write-ahead column family's
+/// memtable until RocksDB flushes it.
 fn head_bytes_of<R: Row>(rows: &[R]) -> usize {
-    const INDEXED: usize = 64;
+    const INDEXED: usize = 160;
     rows.iter().map(|r| r.heap_bytes() + INDEXED).sum()
 }
 

@@ -401,7 +401,7 @@ fn the_heads_of_all_tenants_share_one_budget() {
     assert!(err.to_string().contains("--head-memory"), "{err}");
     assert!(accepted > 1, "{accepted}");
     let held = store.lock().head_bytes();
-    assert!(held >= 1 << 20 && held < 2 << 20, "{held}");
+    assert!((1 << 20..2 << 20).contains(&held), "{held}");
     assert_eq!(store.stats.refused_head_budget.load(Ordering::Relaxed), 1);
     // every head is due now, though none is old or big
     assert!(store.flush_due());
