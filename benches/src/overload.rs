@@ -45,6 +45,26 @@ struct Tally {
     slow_refused: u64,
 }
 
+/// What the whole run saw.
+#[derive(Default)]
+struct Totals {
+    acked: u64,
+    refused: u64,
+    unknown: u64,
+    other: HashMap<String, u64>,
+}
+
+impl Totals {
+    fn add(&mut self, w: &Tally) {
+        self.acked += w.acked;
+        self.refused += w.refused;
+        self.unknown += w.unknown;
+        for (k, v) in &w.other {
+            *self.other.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
 /// One encoded request whose trace ids all start with the same 8 bytes, at known offsets:
 /// each send writes a fresh prefix there, so that every request carries new spans (a resent
 /// span would be taken as a retry and stored once).
@@ -136,14 +156,9 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
     // senders: each sends its share of the offered rate, to tenants in turn
     let per_sender = opts.spans_per_sec as f64 / opts.senders as f64 / batch_spans as f64;
     let mut tasks = Vec::new();
+    let shared = (tally, acked, next_prefix, stop, template);
     for s in 0..opts.senders {
-        let (tally, acked, next_prefix, stop, template) = (
-            tally.clone(),
-            acked.clone(),
-            next_prefix.clone(),
-            stop.clone(),
-            template.clone(),
-        );
+        let (tally, acked, next_prefix, stop, template) = shared.clone();
         let url = format!("{}/v1/traces", server.otlp);
         let tenants = opts.tenants;
         tasks.push(tokio::spawn(async move {
@@ -181,13 +196,7 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
 
     // slow clients: a request whose body comes in at 4 KiB a second
     for s in 0..opts.slow_clients {
-        let (tally, acked, next_prefix, stop, template) = (
-            tally.clone(),
-            acked.clone(),
-            next_prefix.clone(),
-            stop.clone(),
-            template.clone(),
-        );
+        let (tally, acked, next_prefix, stop, template) = shared.clone();
         let addr = server.otlp.trim_start_matches("http://").to_owned();
         let tenants = opts.tenants;
         tasks.push(tokio::spawn(async move {
@@ -212,6 +221,7 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
         }));
     }
 
+    let (tally, acked, _, stop, _) = shared;
     println!(
         "{:>6} {:>8} {:>10} {:>10} {:>10} {:>7} {:>7}  other",
         "min", "RSS MiB", "offered/s", "acked/s", "refused/s", "slow ok", "slow 429"
@@ -219,8 +229,7 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
     let started = Instant::now();
     let total = Duration::from_secs_f64(opts.minutes * 60.0);
     let mut peak_rss = 0f64;
-    let mut other_total: HashMap<String, u64> = HashMap::new();
-    let (mut acked_total, mut refused_total, mut unknown_total) = (0u64, 0u64, 0u64);
+    let mut totals = Totals::default();
     while started.elapsed() < total {
         let window = opts.every.min(total - started.elapsed());
         tokio::time::sleep(window).await;
@@ -228,12 +237,7 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
         let secs = window.as_secs_f64();
         let rss = soak::kib(pid, "VmRSS:") as f64 / 1024.0;
         peak_rss = peak_rss.max(rss);
-        acked_total += w.acked;
-        refused_total += w.refused;
-        unknown_total += w.unknown;
-        for (k, v) in &w.other {
-            *other_total.entry(k.clone()).or_default() += v;
-        }
+        totals.add(&w);
         println!(
             "{:>6.1} {:>8.0} {:>10.0} {:>10.0} {:>10.0} {:>7} {:>7}  {:?}",
             started.elapsed().as_secs_f64() / 60.0,
@@ -250,13 +254,13 @@ pub(crate) async fn overload(opts: OverloadOpts) -> anyhow::Result<()> {
     for t in tasks {
         let _ = t.await;
     }
-    let w = std::mem::take(&mut *tally.lock().unwrap());
-    acked_total += w.acked;
-    refused_total += w.refused;
-    unknown_total += w.unknown;
-    for (k, v) in &w.other {
-        *other_total.entry(k.clone()).or_default() += v;
-    }
+    totals.add(&std::mem::take(&mut *tally.lock().unwrap()));
+    let Totals {
+        acked: acked_total,
+        refused: refused_total,
+        unknown: unknown_total,
+        other: other_total,
+    } = &totals;
     println!(
         "RSS: peak sampled {peak_rss:.0} MiB, VmHWM {:.0} MiB; acknowledged {acked_total} spans, refused (429) {refused_total}, answer lost {unknown_total}, other answers {other_total:?}",
         soak::kib(pid, "VmHWM:") as f64 / 1024.0

@@ -31,6 +31,22 @@ fn check(dir: &std::path::Path) -> (bool, String) {
     )
 }
 
+/// A server on a fresh `data` directory that took 20,000 generated spans and stopped cleanly
+/// (its blocks written).
+async fn stored_and_stopped(args: &[&str]) -> (tempfile::TempDir, Weft, Client) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Weft::start(&dir.path().join("data"), args);
+    let c = Client::new();
+    let cfg = weft_bench::generator::GenConfig {
+        spans: 20_000,
+        seed: 5,
+        ..Default::default()
+    };
+    send_generated(&c, &w, cfg, None).await;
+    assert!(w.terminate(), "a clean stop writes the blocks");
+    (dir, w, c)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_last_head_record_recovers_to_the_last_whole_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,17 +96,8 @@ async fn a_torn_last_head_record_recovers_to_the_last_whole_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_bytes_on_disk_fail_the_queries_naming_the_block_and_check_lists_them() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut w, c) = stored_and_stopped(&[]).await;
     let data = dir.path().join("data");
-    let mut w = Weft::start(&data, &[]);
-    let c = Client::new();
-    let cfg = weft_bench::generator::GenConfig {
-        spans: 20_000,
-        seed: 5,
-        ..Default::default()
-    };
-    send_generated(&c, &w, cfg, None).await;
-    assert!(w.terminate(), "a clean stop writes the blocks");
     let (ok, report) = check(&data);
     assert!(ok, "a sound store checks clean: {report}");
     assert!(report.contains("no damage found"), "{report}");
@@ -140,17 +147,9 @@ async fn flipped_bytes_on_disk_fail_the_queries_naming_the_block_and_check_lists
 /// query; `/metrics` counts the block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut w, c) =
+        stored_and_stopped(&["--skip-corrupt-blocks", "--flush-rows", "4000"]).await;
     let data = dir.path().join("data");
-    let mut w = Weft::start(&data, &["--skip-corrupt-blocks", "--flush-rows", "4000"]);
-    let c = Client::new();
-    let cfg = weft_bench::generator::GenConfig {
-        spans: 20_000,
-        seed: 5,
-        ..Default::default()
-    };
-    send_generated(&c, &w, cfg, None).await;
-    assert!(w.terminate(), "a clean stop writes the blocks");
     w.restart();
     let count = "SELECT count(*) AS n FROM spans";
     let all = sql_rows(&c, &w, None, count).await[0][0].as_u64().unwrap();
@@ -251,26 +250,16 @@ async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so()
     );
 
     // the search API and Prometheus carry the warnings in their JSON
-    let r = c
-        .get(&format!("{}/api/v1/search?limit=5", w.http), &[])
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(
-        r.json().unwrap()["warnings"].as_array().map(Vec::len),
-        Some(warnings.len())
-    );
-    let r = c
-        .get(&format!("{}/prometheus/api/v1/query?query=1", w.http), &[])
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    let answer = r.json().unwrap();
-    assert_eq!(answer["status"], "success");
-    assert_eq!(
-        answer["warnings"].as_array().map(Vec::len),
-        Some(warnings.len())
-    );
+    for path in ["/api/v1/search?limit=5", "/prometheus/api/v1/query?query=1"] {
+        let r = c.get(&format!("{}{path}", w.http), &[]).await.unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let answer = r.json().unwrap();
+        assert_eq!(
+            answer["warnings"].as_array().map(Vec::len),
+            Some(warnings.len()),
+            "{path}: {answer}"
+        );
+    }
 
     // PostgreSQL: the rows without the block, and a WARNING notice per block
     let addr = format!("127.0.0.1:{}", w.pg);
