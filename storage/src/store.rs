@@ -805,6 +805,17 @@ impl Store {
             self.stats.refused_tenants.fetch_add(1, Ordering::Relaxed);
             return Err(StorageError::TooManyTenants { max });
         }
+        // before the tenant's entry is made: a refused write leaves nothing behind
+        if self.heads_full(&state) {
+            self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .refused_head_budget
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(StorageError::HeadsFull {
+                bytes: state.head_bytes(),
+                max: self.opts.max_head_bytes,
+            });
+        }
         let seq = state.next_seq;
         state.next_seq += 1;
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
@@ -816,17 +827,6 @@ impl Store {
                 retry_after_ms: 1000,
             });
         }
-        if self.heads_full(&state) {
-            self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .refused_head_budget
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(StorageError::HeadsFull {
-                bytes: state.head_bytes(),
-                max: self.opts.max_head_bytes,
-            });
-        }
-        let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mine = Arc::new(InFlight::default());
         let mut reserved = Reserved {
             fresh: Vec::with_capacity(total),

@@ -400,6 +400,10 @@ fn the_heads_of_all_tenants_share_one_budget() {
     );
     assert!(err.to_string().contains("--head-memory"), "{err}");
     assert!(accepted > 1, "{accepted}");
+    assert!(
+        !store.lock().knows(&tenant(&format!("t{accepted}"))),
+        "a refused write leaves no tenant behind"
+    );
     let held = store.lock().head_bytes();
     assert!((1 << 20..2 << 20).contains(&held), "{held}");
     assert_eq!(store.stats.refused_head_budget.load(Ordering::Relaxed), 1);
