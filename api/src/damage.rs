@@ -12,8 +12,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use weft_storage::DamagedBlock;
 use weft_storage::model::TenantId;
+use weft_storage::{DamagedBlock, Store};
 
 use crate::state::SharedState;
 
@@ -53,23 +53,39 @@ pub async fn leave_out_damaged(
             return (StatusCode::PAYLOAD_TOO_LARGE, body).into_response();
         }
     };
-    let mut tries = 0;
-    let resp = loop {
-        let before = state.store.damaged_count(&tenant);
-        let req = Request::from_parts(parts.clone(), Body::from(body.clone()));
-        let resp = next.clone().run(req).await;
-        let found = state.store.damaged_count(&tenant) != before;
-        if resp.status().is_success() || !found || tries == MAX_TRIES {
-            break resp;
-        }
-        tries += 1;
-        tracing::warn!(tenant = %tenant, path = parts.uri.path(), "query met a damaged block: asked again without it");
-    };
+    let failed = |r: &Response| !r.status().is_success();
+    let resp = answered_without_damage(&state.store, &tenant, failed, || {
+        next.clone()
+            .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
+    })
+    .await;
     let damaged = state.store.damaged_blocks(&tenant);
     if damaged.is_empty() {
         return resp;
     }
     say_so(resp, parts.uri.path(), &damaged).await
+}
+
+/// Runs `answer`, and with `--skip-corrupt-blocks` again while it `failed` after finding a
+/// damaged block (the tenant's damaged count grew meanwhile): the store leaves that block out
+/// of the next answer. The query port and the PostgreSQL wire both ask through this.
+pub async fn answered_without_damage<T, F: std::future::Future<Output = T>>(
+    store: &Store,
+    tenant: &TenantId,
+    failed: impl Fn(&T) -> bool,
+    mut answer: impl FnMut() -> F,
+) -> T {
+    let skip = store.options().skip_corrupt_blocks;
+    let mut tries = 0;
+    loop {
+        let before = store.damaged_count(tenant);
+        let out = answer().await;
+        if !skip || !failed(&out) || tries == MAX_TRIES || store.damaged_count(tenant) == before {
+            return out;
+        }
+        tries += 1;
+        tracing::warn!(tenant = %tenant, "query met a damaged block: asked again without it");
+    }
 }
 
 /// What an answer says of the damaged blocks it leaves out, one line each.

@@ -806,14 +806,15 @@ impl Store {
             return Err(StorageError::TooManyTenants { max });
         }
         // before the tenant's entry is made: a refused write leaves nothing behind
-        if self.heads_full(&state) {
+        let (held, max_held) = (state.head_bytes(), self.opts.max_head_bytes);
+        if max_held > 0 && held >= max_held {
             self.stats.appends_refused.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .refused_head_budget
                 .fetch_add(1, Ordering::Relaxed);
             return Err(StorageError::HeadsFull {
-                bytes: state.head_bytes(),
-                max: self.opts.max_head_bytes,
+                bytes: held,
+                max: max_held,
             });
         }
         let seq = state.next_seq;
@@ -990,12 +991,6 @@ impl Store {
     fn heads_pressed(&self, state: &State) -> bool {
         let max = self.opts.max_head_bytes;
         max > 0 && state.head_bytes() * 2 >= max
-    }
-
-    /// Whether the heads hold `max_head_bytes`: appends wait for flushes.
-    fn heads_full(&self, state: &State) -> bool {
-        let max = self.opts.max_head_bytes;
-        max > 0 && state.head_bytes() >= max
     }
 
     fn head_due<R: Row>(&self, head: &Head<R>) -> bool {

@@ -52,6 +52,7 @@ use weft_query::sql::{Prepared, Session, SqlError, SqlErrorKind, parse};
 use weft_storage::model::TenantId;
 
 use super::http::WHOLE_ANSWER_BYTES;
+use crate::damage::answered_without_damage;
 use crate::state::SharedState;
 
 /// Accepts connections until `shutdown` resolves; each connection runs on its own task.
@@ -696,32 +697,11 @@ impl Backend {
                 )))
             }
             PgStatement::Query { statement, .. } => {
-                self.without_damage(tenant, || {
+                let store = &self.state.store;
+                answered_without_damage(store, tenant, Result::is_err, || {
                     self.query(tenant, statement.clone(), params.clone(), format, text)
                 })
                 .await
-            }
-        }
-    }
-
-    /// Runs `answer`, and again while it fails after finding a damaged block: with
-    /// `--skip-corrupt-blocks` the store leaves that block out of the next answer (see
-    /// `crate::damage`).
-    async fn without_damage<T, F: Future<Output = PgWireResult<T>>>(
-        &self,
-        tenant: &TenantId,
-        mut answer: impl FnMut() -> F,
-    ) -> PgWireResult<T> {
-        let store = &self.state.store;
-        let skip = store.options().skip_corrupt_blocks;
-        let mut tries = 0;
-        loop {
-            let before = store.damaged_count(tenant);
-            match answer().await {
-                Err(_) if skip && tries < 8 && store.damaged_count(tenant) != before => {
-                    tries += 1;
-                }
-                answer => return answer,
             }
         }
     }
@@ -844,9 +824,10 @@ impl SimpleQueryHandler for Backend {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let tenant = tenant_of(client)?;
-        let kept = self
-            .without_damage(&tenant, || self.kept(&tenant, query))
-            .await;
+        let store = &self.state.store;
+        let kept =
+            answered_without_damage(store, &tenant, Result::is_err, || self.kept(&tenant, query))
+                .await;
         if kept.as_ref().is_ok_and(Option::is_some) {
             self.warn_of_damage(client, &tenant).await?;
         }

@@ -19,6 +19,14 @@ fn files_with(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The largest RocksDB table file of a stopped store.
+fn largest_sst(dir: &std::path::Path) -> std::path::PathBuf {
+    files_with(dir, "sst")
+        .into_iter()
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("table files after a clean stop")
+}
+
 fn check(dir: &std::path::Path) -> (bool, String) {
     let out = Command::new(weft_binary())
         .args(["check", "--data-dir"])
@@ -103,10 +111,7 @@ async fn flipped_bytes_on_disk_fail_the_queries_naming_the_block_and_check_lists
     assert!(report.contains("no damage found"), "{report}");
 
     // a bad disk: bytes flipped every 4 KiB through the middle of the largest table file
-    let sst = files_with(&data, "sst")
-        .into_iter()
-        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-        .expect("table files after a clean stop");
+    let sst = largest_sst(&data);
     let mut bytes = std::fs::read(&sst).unwrap();
     let n = bytes.len();
     for at in (n / 10..n * 8 / 10).step_by(4096) {
@@ -162,10 +167,7 @@ async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so()
 
     // one byte flipped in the middle of the largest table file: a bad sector under one
     // RocksDB block, which holds part of a column chunk
-    let sst = files_with(&data, "sst")
-        .into_iter()
-        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-        .expect("table files after a clean stop");
+    let sst = largest_sst(&data);
     let mut bytes = std::fs::read(&sst).unwrap();
     let n = bytes.len();
     bytes[n / 2] ^= 0x5a;
