@@ -130,6 +130,39 @@ impl ChunkSource for OnlyPostings {
     }
 }
 
+/// Up to 15 traces of up to 60 spans each, span ids drawn so that now and then a trace holds
+/// one id twice, each span's parent an earlier span of its trace, a foreign id, or none.
+fn trees() -> impl Strategy<Value = Vec<SpanRecord>> {
+    vec(
+        vec((1u64..60_000, 0u8..4, any::<prop::sample::Index>()), 1..60),
+        1..16,
+    )
+    .prop_map(|traces| {
+        let mut spans: Vec<SpanRecord> = Vec::new();
+        for (t, trace) in traces.into_iter().enumerate() {
+            let first = spans.len();
+            for (i, (id, parent, pick)) in trace.into_iter().enumerate() {
+                let parent_span_id = match parent {
+                    0 => None,
+                    1 => Some(SpanId([0xee; 8])),
+                    _ if i == 0 => None,
+                    _ => Some(spans[first + pick.index(i)].span_id),
+                };
+                spans.push(SpanRecord {
+                    trace_id: TraceId([t as u8 + 1; 16]),
+                    span_id: SpanId(id.to_be_bytes()),
+                    parent_span_id,
+                    name: "s".into(),
+                    start: UnixNanos(1_700_000_000_000_000_000 + i as u64 * 1_000),
+                    end: UnixNanos(1_700_000_000_000_000_000 + i as u64 * 1_000 + 500),
+                    ..Default::default()
+                });
+            }
+        }
+        spans
+    })
+}
+
 /// Rows in runs of 1 to 40, each run holding one of a few terms or none.
 fn runs_of_terms() -> impl Strategy<Value = Vec<Option<u8>>> {
     vec((1usize..40, prop::option::weighted(0.8, 0u8..6)), 1..60)
@@ -196,6 +229,53 @@ proptest! {
             s.attributes.sort_by(|a, b| a.key.cmp(&b.key));
         }
         prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn span_ids_read_through_children_are_the_span_ids(
+        spans in trees(),
+        pick in vec(any::<prop::sample::Index>(), 0..8),
+    ) {
+        let rows: Vec<SpanRecord> = {
+            let mut rows = spans;
+            rows.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
+            rows
+        };
+        let (meta, mem) = memory_block(&rows);
+        // a few rows: at most an eighth of the block
+        let set: RoaringBitmap = pick
+            .iter()
+            .take(rows.len() / 8)
+            .map(|i| i.index(rows.len()) as u32)
+            .collect();
+        prop_assume!(!set.is_empty());
+        let reader = BlockReader::new(&meta, mem);
+        let want = reader
+            .column(super::writer::col::SPAN_ID, &Rows::Set(set.clone()))
+            .unwrap()
+            .unwrap();
+        let got = reader.span_id_column(&Rows::Set(set.clone())).unwrap();
+        prop_assert_eq!(got.to_data(), want.to_data());
+        // read without the span-id chunk whenever every row asked is a parent in its trace
+        // and no trace holds an id twice (the writer then keeps parent ranks)
+        let trace_of = |s: &SpanRecord| {
+            let trace = s.trace_id;
+            rows.iter().filter(move |o| o.trace_id == trace)
+        };
+        let unique = rows.iter().all(|s| trace_of(s).filter(|o| o.span_id == s.span_id).count() == 1);
+        let parents = set.iter().all(|r| {
+            let s = &rows[r as usize];
+            trace_of(s).any(|o| o.parent_span_id == Some(s.span_id))
+        });
+        prop_assert_eq!(meta.column(super::writer::col::PARENT_RANK).is_some(), unique);
+        if unique && parents {
+            let (_, mut without) = memory_block(&rows);
+            without.chunks.remove(super::writer::col::SPAN_ID);
+            let got = BlockReader::new(&meta, without)
+                .span_id_column(&Rows::Set(set))
+                .unwrap();
+            prop_assert_eq!(got.to_data(), want.to_data());
+        }
     }
 
     #[test]

@@ -460,9 +460,104 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             .collect())
     }
 
+    /// The span-id column of the given rows. A few rows that each have a child in their
+    /// trace's rows (generate spans, with their prefill and token spans) are read from a child's
+    /// parent id: the parent chunk is a small dictionary, the span-id chunk 8 random bytes a row,
+    /// the block's largest, read whole from the store for any row of it.
+    pub fn span_id_column(&self, rows: &Rows) -> Result<ArrayRef> {
+        if let Rows::Set(set) = rows
+            && self.few(set.len())
+            && let Some(children) = self.a_child_of_each(set)?
+        {
+            // children ascending for the read, then put back in the asked rows' order
+            let mut order: Vec<(u32, u32)> = children
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| (c, i as u32))
+                .collect();
+            order.sort_unstable();
+            let read: RoaringBitmap = order.iter().map(|(c, _)| *c).collect();
+            let parents = self.required(col::PARENT_SPAN_ID, &Rows::Set(read))?;
+            let mut at = vec![0u32; children.len()];
+            for (position, (_, asked)) in order.iter().enumerate() {
+                at[*asked as usize] = position as u32;
+            }
+            return Ok(arrow::compute::take(
+                &parents,
+                &UInt32Array::from(at),
+                None,
+            )?);
+        }
+        self.required(col::SPAN_ID, rows)
+    }
+
+    /// For each of `set` (ascending), a row of its trace in this block whose parent it is, by
+    /// the block's parent ranks (see [`col::PARENT_RANK`]); `None` when the block has no ranks
+    /// or trace runs, or when some row of `set` has no child here.
+    fn a_child_of_each(&self, set: &RoaringBitmap) -> Result<Option<Vec<u32>>> {
+        if self.meta.column(col::PARENT_RANK).is_none() {
+            return Ok(None);
+        }
+        let Some(runs) = self.source.trace_runs()? else {
+            return Ok(None);
+        };
+        let total = self.meta.rows;
+        // the runs of the asked rows (ascending, each once), and where each begins among the
+        // ranks read: only their pages are decoded
+        let mut runs_read: Vec<(u32, u32, usize)> = Vec::new();
+        let mut of_row = Vec::with_capacity(set.len() as usize);
+        let mut read = RoaringBitmap::new();
+        for (row, run) in run_of_each(&runs.starts, set.iter()) {
+            let start = runs.starts.get(run).copied().unwrap_or(0);
+            let end = runs
+                .starts
+                .get(run + 1)
+                .copied()
+                .unwrap_or(total)
+                .min(total);
+            if runs_read.last().is_none_or(|r| r.0 != start) {
+                let at = runs_read.last().map_or(0, |r| r.2 + (r.1 - r.0) as usize);
+                runs_read.push((start, end, at));
+                read.insert_range(start..end);
+            }
+            of_row.push((row, runs_read.len() - 1));
+        }
+        let rows = if read.len() * 2 > u64::from(total) {
+            Rows::All
+        } else {
+            Rows::Set(read.clone())
+        };
+        let ranks = self.raw_ints(col::PARENT_RANK, &rows)?;
+        if ranks.len() as u64 != rows.len(total) as u64 {
+            return Err(StorageError::corrupt(
+                "block",
+                format!("{}: not the rows asked for", col::PARENT_RANK),
+            ));
+        }
+        let mut children = Vec::with_capacity(set.len() as usize);
+        for (row, run) in of_row {
+            let (start, end, at) = runs_read[run];
+            // where row `r` of this run is among the ranks read
+            let place = |r: u32| match rows {
+                Rows::All => r as usize,
+                _ => at + (r - start) as usize,
+            };
+            let rank = i64::from(row - start) + 1;
+            // children start after their parent: look there first
+            let child = (row + 1..end)
+                .chain(start..row)
+                .find(|&c| ranks[place(c)] == rank);
+            match child {
+                Some(c) => children.push(c),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(children))
+    }
+
     /// Span ids of the given rows.
     pub fn span_ids(&self, rows: &Rows) -> Result<Vec<SpanId>> {
-        let a = self.required(col::SPAN_ID, rows)?;
+        let a = self.span_id_column(rows)?;
         let a = downcast::<FixedSizeBinaryArray>(&a, col::SPAN_ID)?;
         Ok(a.iter()
             .map(|v| SpanId::from_slice(v.unwrap_or_default()).unwrap_or_default())

@@ -364,7 +364,10 @@ pub fn read_block<S: ChunkSource>(
                     SpanCol::SpanId => col::SPAN_ID,
                     _ => col::PARENT_SPAN_ID,
                 };
-                let a = required(reader, name, rows)?;
+                let a = match &columns.cols[p] {
+                    SpanCol::SpanId => reader.span_id_column(rows)?,
+                    _ => required(reader, name, rows)?,
+                };
                 let a = a
                     .as_any()
                     .downcast_ref::<FixedSizeBinaryArray>()
