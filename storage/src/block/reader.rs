@@ -21,7 +21,7 @@ use super::writer::{col, millis};
 use crate::codec::Reader;
 use crate::error::{Result, StorageError};
 use crate::model::*;
-use crate::schema::{ColumnType, DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
+use crate::schema::{ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 
 /// Rows of a block to read.
 #[derive(Clone, Debug)]
@@ -925,10 +925,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             return Ok(None);
         }
         let column = format!("{}{dim}", col::DEDICATED_PREFIX);
-        let core = [DIM_SERVICE, DIM_NAME, DIM_STATUS].contains(&dim);
+        let core = [DIM_SERVICE, DIM_NAME, DIM_STATUS, DIM_KIND].contains(&dim);
         if postings.is_empty() && (core || self.meta.column(&column).is_some()) {
             // values but no postings: a block written before `dim` was indexed (every row has
-            // a service, a name and a status, so their postings are never empty otherwise)
+            // a service, a name, a status and a kind, so their postings are never empty
+            // otherwise)
             return Ok(None);
         }
         let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);

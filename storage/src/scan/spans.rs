@@ -385,6 +385,19 @@ pub fn read_block<S: ChunkSource>(
             SpanCol::TraceState => {
                 conform(required(reader, col::TRACE_STATE, rows)?, &DataType::Utf8)?
             }
+            // a few scattered rows (the SERVER spans of a block) from the postings: a chunk
+            // of codes decodes page by page, with a skip and a read for each selected row
+            SpanCol::Kind | SpanCol::StatusCode
+                if let Some(names) = reader.indexed_strings_of(
+                    match &columns.cols[p] {
+                        SpanCol::Kind => DIM_KIND,
+                        _ => DIM_STATUS,
+                    },
+                    rows,
+                )? =>
+            {
+                conform(names, &DataType::Utf8View)?
+            }
             SpanCol::Kind => {
                 static NAMES: OnceLock<StringViewArray> = OnceLock::new();
                 let codes = reader.ints(col::KIND, rows)?;
