@@ -35,6 +35,10 @@ use weft_storage::model::{
 pub const EDGE_WAIT: Duration = Duration::from_secs(30);
 /// Unpaired edge sides kept per tenant at most (the oldest go first).
 const MAX_PENDING_EDGES: usize = 100_000;
+/// Unpaired edge sides kept across all tenants at most (each holds a service name: a thousand
+/// tenants at the bound of one would hold gigabytes); past it, the tenants holding the most
+/// lose theirs.
+const MAX_PENDING_EDGES_TOTAL: usize = 1_000_000;
 
 /// Tempo's default span-metrics latency buckets (seconds).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -130,12 +134,34 @@ struct TenantMetrics {
 /// The calls and latency series keys of a service's span name, by kind and status.
 type SpanSeries = Vec<(SpanKind, StatusCode, Vec<u8>, Vec<u8>)>;
 
+/// Past `max` unpaired edge sides across all tenants, the tenants holding the most drop theirs
+/// until the rest is under it (their edges still waiting are not counted; every other tenant's
+/// are).
+fn bound_pending_total(tenants: &mut HashMap<TenantId, TenantMetrics>, max: usize) {
+    let mut total: usize = tenants.values().map(TenantMetrics::pending).sum();
+    if total <= max {
+        return;
+    }
+    let mut by_size: Vec<&mut TenantMetrics> = tenants.values_mut().collect();
+    by_size.sort_unstable_by_key(|t| std::cmp::Reverse(t.pending()));
+    for t in by_size {
+        if total <= max {
+            break;
+        }
+        total -= t.pending();
+        t.clients.clear();
+        t.servers.clear();
+    }
+}
+
 /// Derived metrics of every tenant, accumulated between flushes.
 #[derive(Debug)]
 pub struct SpanMetrics {
     tenants: Mutex<HashMap<TenantId, TenantMetrics>>,
     /// When the cumulative series began (the process start).
     started: UnixNanos,
+    /// Unpaired edge sides kept across all tenants at most.
+    max_pending: usize,
 }
 
 impl SpanMetrics {
@@ -143,6 +169,7 @@ impl SpanMetrics {
         Self {
             tenants: Mutex::new(HashMap::new()),
             started,
+            max_pending: MAX_PENDING_EDGES_TOTAL,
         }
     }
 
@@ -163,6 +190,7 @@ impl SpanMetrics {
             t.service_graph(s, now);
             t.llm(s, &by_id, &prefills);
         }
+        bound_pending_total(&mut tenants, self.max_pending);
     }
 
     /// Writes one point per series changed since the last flush (cumulative values at `now`),
@@ -418,6 +446,10 @@ impl TenantMetrics {
             }
             _ => {}
         }
+    }
+
+    fn pending(&self) -> usize {
+        self.clients.len() + self.servers.len()
     }
 
     fn bound_pending(&mut self) {

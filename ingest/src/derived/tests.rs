@@ -222,3 +222,53 @@ fn span_metrics_service_graph_and_llm_latencies_match_the_spans() {
     let with_exemplar = points.iter().find(|p| !p.exemplars.is_empty()).unwrap();
     assert!(with_exemplar.exemplars[0].trace_id.is_some());
 }
+
+#[test]
+fn unpaired_edge_sides_are_bounded_across_tenants() {
+    let metrics = SpanMetrics {
+        max_pending: 5,
+        ..SpanMetrics::new(UnixNanos(T0))
+    };
+    let (a, b) = (TenantId::new("a").unwrap(), TenantId::new("b").unwrap());
+    // client spans whose server side has not come: each waits as an unpaired side
+    let clients = |trace: u8, n: u8| -> Vec<SpanRecord> {
+        (1..=n)
+            .map(|id| span(trace, id, None, "gateway", "call", SpanKind::Client, 5))
+            .collect()
+    };
+    let pending = |t: &TenantId| metrics.tenants.lock().unwrap()[t].pending();
+    metrics.observe(&a, &clients(1, 3));
+    metrics.observe(&b, &clients(2, 2));
+    assert_eq!(
+        (pending(&a), pending(&b)),
+        (3, 2),
+        "under the bound: all kept"
+    );
+    metrics.observe(&b, &clients(3, 1));
+    // six past a bound of five: the tenant holding the most (a) drops its sides
+    assert_eq!((pending(&a), pending(&b)), (0, 3));
+    // b's sides still pair with their servers; a's no longer make an edge
+    let server = |trace: u8, parent: u8| {
+        vec![span(
+            trace,
+            9,
+            Some(parent),
+            "engine",
+            "serve",
+            SpanKind::Server,
+            4,
+        )]
+    };
+    metrics.observe(&b, &server(2, 1));
+    metrics.observe(&a, &server(1, 1));
+    assert_eq!(
+        pending(&b),
+        2,
+        "a server side paired with its waiting client"
+    );
+    assert_eq!(
+        pending(&a),
+        1,
+        "a server side whose client was dropped waits alone"
+    );
+}
