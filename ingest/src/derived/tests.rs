@@ -237,16 +237,16 @@ fn unpaired_edge_sides_are_bounded_across_tenants() {
             .collect()
     };
     let pending = |t: &TenantId| metrics.tenants.lock().unwrap()[t].pending();
-    metrics.observe(&a, &clients(1, 3));
-    metrics.observe(&b, &clients(2, 2));
+    metrics.observe(&a, &clients(1, 4));
+    metrics.observe(&b, &clients(2, 1));
     assert_eq!(
         (pending(&a), pending(&b)),
-        (3, 2),
+        (4, 1),
         "under the bound: all kept"
     );
     metrics.observe(&b, &clients(3, 1));
     // six past a bound of five: the tenant holding the most (a) drops its sides
-    assert_eq!((pending(&a), pending(&b)), (0, 3));
+    assert_eq!((pending(&a), pending(&b)), (0, 2));
     // b's sides still pair with their servers; a's no longer make an edge
     let server = |trace: u8, parent: u8| {
         vec![span(
@@ -263,7 +263,7 @@ fn unpaired_edge_sides_are_bounded_across_tenants() {
     metrics.observe(&a, &server(1, 1));
     assert_eq!(
         pending(&b),
-        2,
+        1,
         "a server side paired with its waiting client"
     );
     assert_eq!(
