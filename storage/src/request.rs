@@ -74,6 +74,13 @@ pub struct Resolved<'a> {
 /// Resolves the request values of spans of one trace (in any order) over those spans alone.
 /// A parent cycle (hostile input) ends the walk where it closes.
 pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
+    let ids: Vec<SpanId> = spans.iter().map(|s| s.span_id).collect();
+    let parents: Vec<Option<SpanId>> = spans.iter().map(|s| s.parent_span_id).collect();
+    resolve_with(spans, &parent_places(&ids, &parents).0)
+}
+
+/// [`resolve`], given where each span's parent is among them ([`parent_places`]).
+pub fn resolve_with<'a>(spans: &[&'a SpanRecord], places: &[ParentPlace]) -> Vec<Resolved<'a>> {
     let d = request_dims().len();
     // each span's own values, one pass over its attributes
     let mut values: Vec<Option<&'a Value>> = vec![None; spans.len() * d];
@@ -88,9 +95,7 @@ pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
             }
         }
     }
-    let ids: Vec<SpanId> = spans.iter().map(|s| s.span_id).collect();
-    let parents: Vec<Option<SpanId>> = spans.iter().map(|s| s.parent_span_id).collect();
-    let open = resolve_links(&ids, &parents, &mut values, d);
+    let open = resolve_places(places, &mut values, d);
     values
         .chunks(d.max(1))
         .zip(open)
@@ -102,6 +107,36 @@ pub fn resolve<'a>(spans: &[&'a SpanRecord]) -> Vec<Resolved<'a>> {
         .collect()
 }
 
+/// Where a span's parent is among the spans it is resolved over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParentPlace {
+    /// It has no parent.
+    Root,
+    /// Its parent is the span at this place.
+    At(u32),
+    /// Its parent is not among them: its ancestry leaves them.
+    Missing,
+}
+
+/// Each span's [`ParentPlace`] among `ids` (a span id held twice names its last holder), and
+/// whether every id is held once.
+pub fn parent_places(ids: &[SpanId], parents: &[Option<SpanId>]) -> (Vec<ParentPlace>, bool) {
+    let by_id: FxHashMap<SpanId, u32> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (*s, i as u32))
+        .collect();
+    let places = parents
+        .iter()
+        .map(|p| match p.map(|p| by_id.get(&p)) {
+            None => ParentPlace::Root,
+            Some(Some(&at)) => ParentPlace::At(at),
+            Some(None) => ParentPlace::Missing,
+        })
+        .collect();
+    (places, by_id.len() == ids.len())
+}
+
 /// The resolution itself, over spans given as ids, parents and `d` own values each (`values`,
 /// row-major, any copyable value or reference to one): fills each span's missing values from
 /// its nearest ancestor's and returns whether each span's ancestry left the spans given.
@@ -111,18 +146,23 @@ pub fn resolve_links<T: Copy>(
     values: &mut [Option<T>],
     d: usize,
 ) -> Vec<bool> {
-    let by_id: FxHashMap<SpanId, u32> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (*s, i as u32))
-        .collect();
+    resolve_places(&parent_places(ids, parents).0, values, d)
+}
+
+/// [`resolve_links`] over the spans' parent places.
+pub fn resolve_places<T: Copy>(
+    parents: &[ParentPlace],
+    values: &mut [Option<T>],
+    d: usize,
+) -> Vec<bool> {
+    let n = parents.len();
     const TODO: u8 = 0;
     const ON_PATH: u8 = 1;
     const DONE: u8 = 2;
-    let mut state = vec![TODO; ids.len()];
-    let mut open = vec![false; ids.len()];
+    let mut state = vec![TODO; n];
+    let mut open = vec![false; n];
     let mut path: Vec<usize> = Vec::new();
-    for start in 0..ids.len() {
+    for start in 0..n {
         // walk up to a resolved span, a root, a missing parent or a cycle
         let mut at = start;
         let above: Option<usize> = loop {
@@ -131,9 +171,9 @@ pub fn resolve_links<T: Copy>(
             }
             path.push(at);
             state[at] = ON_PATH;
-            match parents[at].map(|p| by_id.get(&p)) {
-                Some(Some(&next)) if state[next as usize] != ON_PATH => at = next as usize,
-                Some(None) => {
+            match parents[at] {
+                ParentPlace::At(next) if state[next as usize] != ON_PATH => at = next as usize,
+                ParentPlace::Missing => {
                     open[at] = true;
                     break None;
                 }

@@ -20,7 +20,7 @@ use super::format::{
 use crate::codec::Writer;
 use crate::error::Result;
 use crate::model::{KeyValue, SpanId, SpanRecord, StatusCode, Value};
-use crate::request::{self, OPEN_DIM, OPEN_TERM};
+use crate::request::{self, OPEN_DIM, OPEN_TERM, ParentPlace};
 use crate::schema::{
     ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
 };
@@ -387,7 +387,8 @@ pub fn build_block_with(
     }
 
     let traces = trace_entries(&rows);
-    add_request_postings(&mut postings, &rows, &traces);
+    let (places, unique) = parent_places(&rows, &traces);
+    add_request_postings(&mut postings, &rows, &traces, &places);
 
     let mut ints = ints
         .into_iter()
@@ -462,7 +463,7 @@ pub fn build_block_with(
     for (name, array, enc) in core {
         push(name.to_owned(), None, ColumnKind::Core, array, enc)?;
     }
-    if let Some(ranks) = parent_ranks(&rows, &traces) {
+    if let Some(ranks) = parent_ranks(&places, unique) {
         // constant over a trace's token spans (all children of one span): runs, a few bytes
         let ranks = Arc::new(arrow::array::Int64Array::from(ranks));
         push(
@@ -572,27 +573,35 @@ fn write_kv_refs(w: &mut Writer, kvs: &[&KeyValue]) {
     }
 }
 
+/// Where each row's parent is in its trace's run of rows (the rows in order), and whether no
+/// trace holds one span id twice.
+fn parent_places(rows: &[&SpanRecord], traces: &[TraceEntry]) -> (Vec<ParentPlace>, bool) {
+    let mut places = Vec::with_capacity(rows.len());
+    let mut unique = true;
+    for t in traces {
+        let spans = &rows[t.row_start as usize..(t.row_start + t.rows) as usize];
+        let ids: Vec<SpanId> = spans.iter().map(|s| s.span_id).collect();
+        let parents: Vec<Option<SpanId>> = spans.iter().map(|s| s.parent_span_id).collect();
+        let (of_trace, once) = request::parent_places(&ids, &parents);
+        places.extend(of_trace);
+        unique &= once;
+    }
+    (places, unique)
+}
+
 /// Each row's parent as its place in its trace's run of rows plus one; 0 when it has no parent
 /// or its parent is not among those rows. `None` when a trace holds one span id twice: a place
 /// would then not name the one row a parent id joins to.
-fn parent_ranks(rows: &[&SpanRecord], traces: &[TraceEntry]) -> Option<Vec<i64>> {
-    let mut ranks = vec![0i64; rows.len()];
-    let mut by_id: rustc_hash::FxHashMap<SpanId, u32> = rustc_hash::FxHashMap::default();
-    for t in traces {
-        let run = t.row_start as usize..(t.row_start + t.rows) as usize;
-        by_id.clear();
-        for (place, span) in rows[run.clone()].iter().enumerate() {
-            if by_id.insert(span.span_id, place as u32).is_some() {
-                return None;
-            }
-        }
-        for (rank, span) in ranks[run.clone()].iter_mut().zip(&rows[run]) {
-            if let Some(place) = span.parent_span_id.and_then(|p| by_id.get(&p)) {
-                *rank = i64::from(*place) + 1;
-            }
-        }
-    }
-    Some(ranks)
+fn parent_ranks(places: &[ParentPlace], unique: bool) -> Option<Vec<i64>> {
+    unique.then(|| {
+        places
+            .iter()
+            .map(|p| match p {
+                ParentPlace::At(place) => i64::from(*place) + 1,
+                ParentPlace::Root | ParentPlace::Missing => 0,
+            })
+            .collect()
+    })
 }
 
 /// One entry per trace run of the sorted rows.
@@ -633,7 +642,12 @@ fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
 /// trace in this block, as postings: runs of rows holding one value are added as ranges.
 /// Rows whose ancestry leaves the block are marked open; the open postings are written even
 /// when empty, which tells a reader the block has request postings.
-fn add_request_postings(postings: &mut Postings, rows: &[&SpanRecord], traces: &[TraceEntry]) {
+fn add_request_postings(
+    postings: &mut Postings,
+    rows: &[&SpanRecord],
+    traces: &[TraceEntry],
+    places: &[ParentPlace],
+) {
     let dims = request::request_dims();
     // per dimension, the run being extended: its term and first row
     let mut runs: Vec<Option<(String, u32)>> = vec![None; dims.len()];
@@ -645,8 +659,8 @@ fn add_request_postings(postings: &mut Postings, rows: &[&SpanRecord], traces: &
         }
     };
     for t in traces {
-        let spans = &rows[t.row_start as usize..(t.row_start + t.rows) as usize];
-        for resolved in request::resolve(spans) {
+        let run = t.row_start as usize..(t.row_start + t.rows) as usize;
+        for resolved in request::resolve_with(&rows[run.clone()], &places[run]) {
             for (slot, &d) in dims.iter().enumerate() {
                 let term = resolved.values[slot].and_then(Value::as_term);
                 if runs[slot].as_ref().map(|(t, _)| t) != term.as_ref() {
