@@ -333,7 +333,7 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     counter(
         &mut out,
         "weft_head_budget_refusals_total",
-        "Writes refused because the heads of all tenants held --ingest-memory bytes waiting for flush.",
+        "Writes refused because the heads of all tenants held the --head-memory bytes they may hold waiting for flush.",
         load(&s.refused_head_budget),
     );
     counter(
