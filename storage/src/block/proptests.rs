@@ -163,6 +163,56 @@ fn trees() -> impl Strategy<Value = Vec<SpanRecord>> {
     })
 }
 
+/// Blocks of 500 to 3,600 rows: traces of a few request spans (random names, times and
+/// durations) and a run of token spans, the tokens most often at least four rows in five.
+fn token_blocks() -> impl Strategy<Value = Vec<SpanRecord>> {
+    vec(
+        (
+            vec((0usize..4, 0u64..5_000_000_000, 0u64..3_000_000_000), 1..12),
+            60usize..260,
+            0u64..1_000_000,
+        ),
+        8..14,
+    )
+    .prop_map(|traces| {
+        let mut spans = Vec::new();
+        let base = 1_700_000_000_000_000_000u64;
+        for (t, (requests, tokens, gap)) in traces.into_iter().enumerate() {
+            let trace_id = TraceId([t as u8 + 1; 16]);
+            let mut id = 0u64;
+            let mut next = |spans: &mut Vec<SpanRecord>, name: &str, start: u64, d: u64| {
+                id += 1;
+                spans.push(SpanRecord {
+                    trace_id,
+                    span_id: SpanId(((t as u64) << 32 | id).to_be_bytes()),
+                    parent_span_id: (id > 1).then_some(SpanId([9; 8])),
+                    name: name.into(),
+                    start: UnixNanos(base + start),
+                    end: UnixNanos(base + start + d),
+                    ..Default::default()
+                });
+            };
+            for (name, start, d) in requests {
+                next(
+                    &mut spans,
+                    ["gen", "prefill", "call", "tok"][name],
+                    start,
+                    d,
+                );
+            }
+            for i in 0..tokens as u64 {
+                next(
+                    &mut spans,
+                    "tok",
+                    2_000_000_000 + i * (30_000 + gap),
+                    20_000 + gap,
+                );
+            }
+        }
+        block_order(spans)
+    })
+}
+
 /// Rows in runs of 1 to 40, each run holding one of a few terms or none.
 fn runs_of_terms() -> impl Strategy<Value = Vec<Option<u8>>> {
     vec((1usize..40, prop::option::weighted(0.8, 0u8..6)), 1..60)
@@ -275,6 +325,41 @@ proptest! {
                 .span_id_column(&Rows::Set(set))
                 .unwrap();
             prop_assert_eq!(got.to_data(), want.to_data());
+        }
+    }
+
+    #[test]
+    fn times_of_any_rows_are_the_spans_times(
+        rows in token_blocks(),
+        pick in vec(any::<prop::sample::Index>(), 1..300),
+        mixed in vec(any::<prop::sample::Index>(), 1..40),
+    ) {
+        use super::writer::{DOMINANT_SHARE, MINORITY_MIN_ROWS, col};
+        let (meta, mem) = memory_block(&rows);
+        let minor: Vec<u32> = (0..rows.len() as u32)
+            .filter(|&r| rows[r as usize].name != "tok")
+            .collect();
+        let dominant = rows.len() >= MINORITY_MIN_ROWS
+            && (rows.len() - minor.len()) as f64 >= DOMINANT_SHARE * rows.len() as f64;
+        prop_assert_eq!(meta.column(col::MINOR_ROWS).is_some(), dominant && !minor.is_empty());
+        let reader = BlockReader::new(&meta, mem);
+        let of_minority: RoaringBitmap = if minor.is_empty() {
+            RoaringBitmap::new()
+        } else {
+            pick.iter().map(|i| minor[i.index(minor.len())]).collect()
+        };
+        let any_rows: RoaringBitmap = mixed.iter().map(|i| i.index(rows.len()) as u32).collect();
+        for set in [of_minority, any_rows] {
+            let (starts, durations) = reader.times(&Rows::Set(set.clone())).unwrap();
+            let want: Vec<(i64, i64)> = set
+                .iter()
+                .map(|r| {
+                    let s = &rows[r as usize];
+                    (s.start.0 as i64, s.duration_ns() as i64)
+                })
+                .collect();
+            let got: Vec<(i64, i64)> = starts.iter().copied().zip(durations.iter().copied()).collect();
+            prop_assert_eq!(got, want);
         }
     }
 

@@ -604,6 +604,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 self.raw_ints(col::DURATION, rows)?,
             ));
         }
+        if let Rows::Set(set) = rows
+            && let Some(times) = self.minority_times(set)?
+        {
+            return Ok(times);
+        }
         let page = PAGE_ROWS as u32;
         let total = self.meta.rows;
         let runs = self.source.trace_runs()?;
@@ -709,6 +714,55 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
         }
         Ok((out.0.into(), out.1.into()))
+    }
+
+    /// Start times and durations of rows that are all minority rows (see the writer's
+    /// `minority_rows`), read from the block's absolute copy of theirs: no gap is walked.
+    /// `None` when the block keeps no such copy or a row is not among them.
+    fn minority_times(
+        &self,
+        set: &RoaringBitmap,
+    ) -> Result<Option<(ScalarBuffer<i64>, ScalarBuffer<i64>)>> {
+        if set.is_empty() || self.meta.column(col::MINOR_ROWS).is_none() {
+            return Ok(None);
+        }
+        let chunk = |name: &str| -> Result<Bytes> {
+            self.source.chunk(name)?.ok_or_else(|| {
+                StorageError::corrupt("block", format!("column chunk {name} missing"))
+            })
+        };
+        let listed = chunk(col::MINOR_ROWS)?;
+        let listed = packed::Packed::parse(&listed)?.all()?;
+        // each asked row's place among the minority rows (both ascending)
+        let mut places = Vec::with_capacity(set.len() as usize);
+        let mut at = 0usize;
+        for row in set.iter().map(i64::from) {
+            at += listed[at..].partition_point(|&r| r < row);
+            if listed.get(at) != Some(&row) {
+                return Ok(None);
+            }
+            places.push(at as u32);
+            at += 1;
+        }
+        let read = |name: &str| -> Result<Vec<i64>> {
+            let bytes = chunk(name)?;
+            let values = packed::Packed::parse(&bytes)?;
+            if values.rows() as usize != listed.len() {
+                return Err(StorageError::corrupt(
+                    "column chunk",
+                    format!(
+                        "{name}: {} rows for {} minority rows",
+                        values.rows(),
+                        listed.len()
+                    ),
+                ));
+            }
+            values.pick(places.iter().copied())
+        };
+        Ok(Some((
+            read(col::MINOR_START)?.into(),
+            read(col::MINOR_DURATION)?.into(),
+        )))
     }
 
     /// Start times and durations of a few rows of a block whose two chunks are bit-packed:
@@ -910,7 +964,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 
     /// The values of string column `dim` (indexed by postings: a dedicated one, or the core
-    /// service, name and status) for a few rows, read from the block's postings of it instead
+    /// service, name and status) for a few rows, as string views, read from the block's postings of it instead
     /// of its chunk: each row is in the rows of the term it holds, or of none when it holds
     /// none (the writer indexes exactly the value the column keeps). `None` when the source has
     /// no postings, the rows are not few, or the dimension has too many terms for this to pay.
@@ -932,17 +986,28 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             // otherwise)
             return Ok(None);
         }
-        let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);
-        for (t, (_, rows)) in postings.iter().enumerate() {
-            held.extend((rows & set).iter().map(|row| (row, t as u32)));
-        }
-        held.sort_unstable();
-        let mut held = held.into_iter().peekable();
-        let keys: UInt32Array = set
-            .iter()
-            .map(|row| held.next_if(|(r, _)| *r == row).map(|(_, t)| t))
-            .collect();
-        let terms = StringArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
+        let keys: UInt32Array = match self.source.term_runs(dim)? {
+            // one term a row: a walk over the rows and the dimension's runs (built once per
+            // block and kept), no intersection per term and no sort
+            Some(runs) => {
+                let mut keys = vec![None; set.len() as usize];
+                runs.terms_of(set.iter(), |at, t| keys[at] = Some(t));
+                keys.into_iter().collect()
+            }
+            None => {
+                let mut held: Vec<(u32, u32)> = Vec::with_capacity(set.len() as usize);
+                for (t, (_, rows)) in postings.iter().enumerate() {
+                    held.extend((rows & set).iter().map(|row| (row, t as u32)));
+                }
+                held.sort_unstable();
+                let mut held = held.into_iter().peekable();
+                set.iter()
+                    .map(|row| held.next_if(|(r, _)| *r == row).map(|(_, t)| t))
+                    .collect()
+            }
+        };
+        // views: each row copies a 16-byte view of its term, not the term's text
+        let terms = StringViewArray::from_iter_values(postings.iter().map(|(t, _)| t.as_str()));
         Ok(Some(arrow::compute::take(&terms, &keys, None)?))
     }
 

@@ -56,6 +56,11 @@ pub mod col {
     /// Absent from blocks written before it, and from blocks where a trace holds one span id
     /// twice.
     pub const PARENT_RANK: &str = "parent_rank";
+    /// The minority rows (see `minority_rows`): their row numbers, absolute start times and
+    /// durations, bit-packed. Absent when the block has no dominant span name.
+    pub const MINOR_ROWS: &str = "minor_rows";
+    pub const MINOR_START: &str = "minor_start";
+    pub const MINOR_DURATION: &str = "minor_duration";
     pub const DEDICATED_PREFIX: &str = "d:";
     pub const DYNAMIC_PREFIX: &str = "a:";
 }
@@ -474,6 +479,21 @@ pub fn build_block_with(
             Enc::Dict,
         )?;
     }
+    if let Some(minor) = minority_rows(&rows) {
+        let ints = |f: &dyn Fn(u32) -> i64| -> ArrayRef {
+            Arc::new(arrow::array::Int64Array::from_iter_values(
+                minor.iter().map(|&r| f(r)),
+            ))
+        };
+        let times: [(&str, ArrayRef); 3] = [
+            (col::MINOR_ROWS, ints(&|r| i64::from(r))),
+            (col::MINOR_START, ints(&|r| rows[r as usize].start.0 as i64)),
+            (col::MINOR_DURATION, ints(&|r| durations[r as usize])),
+        ];
+        for (name, array) in times {
+            push(name.into(), None, ColumnKind::Core, array, Enc::Packed)?;
+        }
+    }
     for (d, c) in DEDICATED.iter().zip(dedicated) {
         let (array, enc) = c.builder.finish();
         let name = format!("{}{}", col::DEDICATED_PREFIX, d.name);
@@ -498,6 +518,35 @@ pub fn build_block_with(
         traces,
         postings: postings.encode(compression)?,
     })
+}
+
+/// A block's rows are mostly one span name where a trace carries a span per decoded token;
+/// the other rows (requests, calls, prefill: a few in a hundred) are what RED metrics, request
+/// percentiles and joins to a request read, one row in dozens on every page. Their start times
+/// are gap-encoded among the tokens' and cost a walk from their trace's first row each, so a
+/// block also keeps them apart, absolute: these are the rows outside a name that holds at least
+/// this share of a block of at least [`MINORITY_MIN_ROWS`] rows.
+pub const DOMINANT_SHARE: f64 = 0.8;
+pub const MINORITY_MIN_ROWS: usize = 1024;
+
+/// The rows outside the block's dominant span name, ascending; `None` when no name dominates.
+fn minority_rows(rows: &[&SpanRecord]) -> Option<Vec<u32>> {
+    if rows.len() < MINORITY_MIN_ROWS {
+        return None;
+    }
+    let mut counts: HashMap<&str, usize> = HashMap::default();
+    for r in rows {
+        *counts.entry(r.name.as_str()).or_default() += 1;
+    }
+    let (name, n) = counts.into_iter().max_by_key(|(name, n)| (*n, *name))?;
+    if (n as f64) < DOMINANT_SHARE * rows.len() as f64 || n == rows.len() {
+        return None;
+    }
+    Some(
+        (0..rows.len() as u32)
+            .filter(|&r| rows[r as usize].name != name)
+            .collect(),
+    )
 }
 
 /// The start time as stored: the gap after the previous row's end within a trace (tens of
