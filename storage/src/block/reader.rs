@@ -203,15 +203,25 @@ fn run_of_each<'s>(
 ) -> impl Iterator<Item = (u32, usize)> + 's {
     let mut run = 0usize;
     rows.map(move |row| {
-        let next = |r: usize| starts.get(r + 1).is_some_and(|&s| s <= row);
-        if next(run) {
-            run += 1;
-            if next(run) {
-                run += starts[run + 1..].partition_point(|&s| s <= row);
-            }
+        if starts.get(run + 1).is_some_and(|&s| s <= row) {
+            run = gallop(starts, run + 1, |&s| s <= row) - 1;
         }
         (row, run)
     })
+}
+
+/// The first index at or after `from` where `before` stops holding (it holds on a prefix of
+/// `items[from..]`), found by probing 1, 2, 4, … ahead and then searching the last step: the
+/// cost grows with the distance moved, so a walk over ascending rows costs what it skips, not
+/// a search of the whole rest at every row.
+fn gallop<T>(items: &[T], from: usize, before: impl Fn(&T) -> bool) -> usize {
+    let (mut lo, mut step) = (from, 1usize);
+    while lo + step <= items.len() && before(&items[lo + step - 1]) {
+        lo += step;
+        step *= 2;
+    }
+    let hi = (lo + step).min(items.len());
+    lo + items[lo..hi].partition_point(before)
 }
 
 /// Which term of one postings dimension each row of a block holds, as runs of rows sorted by
@@ -737,7 +747,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let mut places = Vec::with_capacity(set.len() as usize);
         let mut at = 0usize;
         for row in set.iter().map(i64::from) {
-            at += listed[at..].partition_point(|&r| r < row);
+            at = gallop(&listed, at, |&r| r < row);
             if listed.get(at) != Some(&row) {
                 return Ok(None);
             }
@@ -1495,5 +1505,21 @@ mod tests {
             );
         }
         assert!(runs.runs_of(std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn gallop_finds_the_partition_point_from_any_place() {
+        let items: Vec<u32> = (0..300).map(|i| i * 3 / 2).collect();
+        for from in 0..=items.len() {
+            for bound in 0..460 {
+                let want = from + items[from..].partition_point(|&v| v < bound);
+                assert_eq!(
+                    super::gallop(&items, from, |&v| v < bound),
+                    want,
+                    "{from} {bound}"
+                );
+            }
+        }
+        assert_eq!(super::gallop::<u32>(&[], 0, |_| true), 0);
     }
 }
