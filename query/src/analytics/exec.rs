@@ -147,6 +147,34 @@ impl Rows {
         out
     }
 
+    /// The distinct label sets of the columns after `first` (one per dimension, NULL left
+    /// out), and each row's index among them: a set is built once, not once per row.
+    pub fn label_ids(
+        &self,
+        first: usize,
+        dims: &[String],
+    ) -> (Vec<BTreeMap<String, String>>, Vec<usize>) {
+        let columns: Vec<Vec<Option<String>>> =
+            (0..dims.len()).map(|i| self.strings(first + i)).collect();
+        let mut sets = Vec::new();
+        let mut index: std::collections::HashMap<Vec<Option<&str>>, usize> = Default::default();
+        let ids = (0..self.len())
+            .map(|row| {
+                let key: Vec<Option<&str>> = columns.iter().map(|c| c[row].as_deref()).collect();
+                *index.entry(key).or_insert_with(|| {
+                    sets.push(
+                        dims.iter()
+                            .zip(&columns)
+                            .filter_map(|(d, c)| c[row].clone().map(|v| (d.clone(), v)))
+                            .collect(),
+                    );
+                    sets.len() - 1
+                })
+            })
+            .collect();
+        (sets, ids)
+    }
+
     /// Each row's labels from the columns after `first`, one per dimension (NULL left out).
     pub fn labels(&self, first: usize, dims: &[String]) -> Vec<BTreeMap<String, String>> {
         let columns: Vec<Vec<Option<String>>> =

@@ -115,10 +115,10 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         }
     };
     let t = rows.i64(0);
-    let labels = rows.labels(1, &dims);
     let mut by_labels: BTreeMap<BTreeMap<String, String>, BTreeMap<i64, Vec<f64>>> =
         BTreeMap::new();
     if exact {
+        let labels = rows.labels(1, &dims);
         let values: Vec<Vec<Option<f64>>> = (0..qs.len())
             .map(|i| rows.f64(1 + dims.len() + i))
             .collect();
@@ -131,17 +131,15 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         }
     } else {
         let (k, n) = (rows.i64(1 + dims.len()), rows.i64(2 + dims.len()));
-        let mut sketches: BTreeMap<BTreeMap<String, String>, BTreeMap<i64, Sketch>> =
-            BTreeMap::new();
+        let (sets, ids) = rows.label_ids(1, &dims);
+        let mut sketches: Vec<BTreeMap<i64, Sketch>> = vec![BTreeMap::new(); sets.len()];
         for row in 0..rows.len() {
-            sketches
-                .entry(labels[row].clone())
-                .or_default()
+            sketches[ids[row]]
                 .entry(t[row].unwrap_or(0))
                 .or_default()
                 .add(k[row].unwrap_or(0), n[row].unwrap_or(0) as u64);
         }
-        for (labels, points) in sketches {
+        for (labels, points) in sets.into_iter().zip(sketches) {
             let series = by_labels.entry(labels).or_default();
             for (t, s) in points {
                 let vals = qs

@@ -12,7 +12,8 @@
 //!
 //! **Block meta** (key `meta`), codec layout:
 //! `version:u8=1 rows:varint min_start:varint max_start:varint max_end:varint
-//!  ncols:varint (name:str type:u8 kind:u8 transform:u8 bytes:varint)*`.
+//!  ncols:varint (name:str type:u8 kind:u8 transform:u8 bytes:varint)*`; the transform's
+//!  high bit ([`MINORITY_FLAG`]) marks a column stored over the block's minority rows only.
 //!
 //! **Trace summaries** (key `traces`, and one entry under each `trace-id` key):
 //! `version:u8=2 n:varint` then per trace
@@ -113,12 +114,21 @@ pub enum Transform {
     MillisAfterDuration = 3,
 }
 
+/// The bit of a column's transform byte that says its chunk holds the block's minority rows
+/// only (see [`ColumnMeta::minority`]).
+pub const MINORITY_FLAG: u8 = 0x80;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ColumnMeta {
     pub name: String,
     pub ty: Option<ColumnType>,
     pub kind: ColumnKind,
     pub transform: Transform,
+    /// The chunk holds one value per minority row of the block (the rows outside its dominant
+    /// span name, listed by the `minor_rows` chunk), every other row being null: an attribute
+    /// that only request spans carry (a model version, time to first token) is stored and
+    /// read over those rows alone.
+    pub minority: bool,
     pub bytes: u64,
 }
 
@@ -144,7 +154,8 @@ impl BlockMeta {
             w.str(&c.name);
             w.buf.push(c.ty.map_or(0xff, ColumnType::code));
             w.buf.push(c.kind as u8);
-            w.buf.push(c.transform as u8);
+            w.buf
+                .push(c.transform as u8 | if c.minority { MINORITY_FLAG } else { 0 });
             w.u64(c.bytes);
         }
         w.buf
@@ -171,7 +182,9 @@ impl BlockMeta {
                     ));
                 }
             };
-            let transform = match r.u8()? {
+            let byte = r.u8()?;
+            let minority = byte & MINORITY_FLAG != 0;
+            let transform = match byte & !MINORITY_FLAG {
                 0 => Transform::None,
                 1 => Transform::DurationMillis,
                 2 => Transform::GapAfterPreviousEnd,
@@ -188,6 +201,7 @@ impl BlockMeta {
                 ty,
                 kind,
                 transform,
+                minority,
                 bytes: r.u64()?,
             });
         }
@@ -435,6 +449,7 @@ pub fn encode_core_columns(
             ty: None,
             kind: ColumnKind::Core,
             transform: Transform::None,
+            minority: false,
             bytes: bytes.len() as u64,
         });
         chunks.push((name.to_owned(), bytes));
@@ -666,13 +681,24 @@ mod tests {
             min_start: 1,
             max_start: 2,
             max_end: 9,
-            columns: vec![ColumnMeta {
-                name: "d:llm.batch_size".into(),
-                ty: Some(ColumnType::Int),
-                kind: ColumnKind::Dedicated,
-                transform: Transform::DurationMillis,
-                bytes: 42,
-            }],
+            columns: vec![
+                ColumnMeta {
+                    name: "d:llm.batch_size".into(),
+                    ty: Some(ColumnType::Int),
+                    kind: ColumnKind::Dedicated,
+                    transform: Transform::DurationMillis,
+                    minority: false,
+                    bytes: 42,
+                },
+                ColumnMeta {
+                    name: "d:llm.model_version".into(),
+                    ty: Some(ColumnType::Str),
+                    kind: ColumnKind::Dedicated,
+                    transform: Transform::MillisAfterDuration,
+                    minority: true,
+                    bytes: 7,
+                },
+            ],
         };
         assert_eq!(BlockMeta::decode(&meta.encode()).unwrap(), meta);
         let traces = vec![TraceEntry {

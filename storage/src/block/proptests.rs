@@ -163,50 +163,71 @@ fn trees() -> impl Strategy<Value = Vec<SpanRecord>> {
     })
 }
 
-/// Blocks of 500 to 3,600 rows: traces of a few request spans (random names, times and
-/// durations) and a run of token spans, the tokens most often at least four rows in five.
+/// Blocks of 500 to 3,600 rows: traces of a few request spans (random names, times,
+/// durations and request attributes) and a run of token spans (a token index each, and now
+/// and then a model version), the tokens most often at least four rows in five.
 fn token_blocks() -> impl Strategy<Value = Vec<SpanRecord>> {
+    type Request = (usize, u64, u64, Option<&'static str>, Option<f64>);
     vec(
         (
-            vec((0usize..4, 0u64..5_000_000_000, 0u64..3_000_000_000), 1..12),
+            vec(
+                (
+                    0usize..4,
+                    0u64..5_000_000_000,
+                    0u64..3_000_000_000,
+                    proptest::option::of(prop_oneof![Just("v1"), Just("v2")]),
+                    proptest::option::of(0.0f64..3.0),
+                ),
+                1..12,
+            ),
             60usize..260,
             0u64..1_000_000,
+            prop::option::weighted(0.1, Just("v3")),
         ),
         8..14,
     )
     .prop_map(|traces| {
         let mut spans = Vec::new();
         let base = 1_700_000_000_000_000_000u64;
-        for (t, (requests, tokens, gap)) in traces.into_iter().enumerate() {
+        for (t, (requests, tokens, gap, token_version)) in traces.into_iter().enumerate() {
             let trace_id = TraceId([t as u8 + 1; 16]);
             let mut id = 0u64;
-            let mut next = |spans: &mut Vec<SpanRecord>, name: &str, start: u64, d: u64| {
+            let mut next = |spans: &mut Vec<SpanRecord>,
+                            (name, start, d, version, ttft): Request,
+                            token: Option<i64>| {
                 id += 1;
+                let mut attributes = Vec::new();
+                if let Some(v) = version {
+                    attributes.push(KeyValue::new("llm.model_version", Value::Str(v.into())));
+                }
+                if let Some(s) = ttft {
+                    attributes.push(KeyValue::new(
+                        "gen_ai.latency.time_to_first_token",
+                        Value::Double(s),
+                    ));
+                    attributes.push(KeyValue::new("x.request", Value::Int(id as i64)));
+                }
+                if let Some(i) = token {
+                    attributes.push(KeyValue::new("llm.token.index", Value::Int(i)));
+                }
                 spans.push(SpanRecord {
                     trace_id,
                     span_id: SpanId(((t as u64) << 32 | id).to_be_bytes()),
                     parent_span_id: (id > 1).then_some(SpanId([9; 8])),
-                    name: name.into(),
+                    name: ["gen", "prefill", "call", "tok"][name].into(),
                     start: UnixNanos(base + start),
                     end: UnixNanos(base + start + d),
+                    attributes,
                     ..Default::default()
                 });
             };
-            for (name, start, d) in requests {
-                next(
-                    &mut spans,
-                    ["gen", "prefill", "call", "tok"][name],
-                    start,
-                    d,
-                );
+            for request in requests {
+                next(&mut spans, request, None);
             }
             for i in 0..tokens as u64 {
-                next(
-                    &mut spans,
-                    "tok",
-                    2_000_000_000 + i * (30_000 + gap),
-                    20_000 + gap,
-                );
+                let (start, d) = (2_000_000_000 + i * (30_000 + gap), 20_000 + gap);
+                let version = token_version.filter(|_| i == 7);
+                next(&mut spans, (3, start, d, version, None), Some(i as i64));
             }
         }
         block_order(spans)
@@ -359,6 +380,69 @@ proptest! {
                 })
                 .collect();
             let got: Vec<(i64, i64)> = starts.iter().copied().zip(durations.iter().copied()).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn columns_kept_over_minority_rows_read_back(
+        rows in token_blocks(),
+        pick in vec(any::<prop::sample::Index>(), 1..300),
+        range in (any::<prop::sample::Index>(), 0u32..3_000),
+    ) {
+        use super::writer::col;
+        let (meta, mem) = memory_block(&rows);
+        let reader = BlockReader::new(&meta, mem);
+        // whole spans, every attribute where it was
+        let mut got = reader.spans(&Rows::All, true).unwrap();
+        for s in &mut got {
+            s.attributes.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        prop_assert_eq!(&got, &rows);
+        // an attribute on request spans alone is kept over the minority rows, when the block
+        // has them; one that a token also holds (v3) is not
+        let minority = meta.column(col::MINOR_ROWS).is_some();
+        let on_tokens = |key: &str| {
+            rows.iter()
+                .any(|s| s.name == "tok" && s.attribute(key).is_some())
+        };
+        let version = format!("{}llm.model_version", col::DEDICATED_PREFIX);
+        if let Some(c) = meta.column(&version) {
+            prop_assert_eq!(c.minority, minority && !on_tokens("llm.model_version"));
+        }
+        if let Some(c) = meta.column(&format!("{}x.request", col::DYNAMIC_PREFIX)) {
+            prop_assert_eq!(c.minority, minority && !on_tokens("x.request"));
+        }
+        let ttft = format!("{}gen_ai.latency.time_to_first_token", col::DEDICATED_PREFIX);
+        let set: RoaringBitmap = pick.iter().map(|i| i.index(rows.len()) as u32).collect();
+        let start = range.0.index(rows.len()) as u32;
+        let len = range.1.min(rows.len() as u32 - start);
+        for asked in [Rows::Set(set), Rows::Range(start, len), Rows::All] {
+            let want: Vec<Option<String>> = asked
+                .iter(rows.len() as u32)
+                .map(|r| match rows[r as usize].attribute("llm.model_version") {
+                    Some(Value::Str(v)) => Some(v.clone()),
+                    _ => None,
+                })
+                .collect();
+            let got = reader.column(&version, &asked).unwrap();
+            let got: Vec<Option<String>> = match got {
+                Some(a) => {
+                    let a = arrow::compute::cast(&a, &arrow::datatypes::DataType::Utf8).unwrap();
+                    let a = a.as_any().downcast_ref::<arrow::array::StringArray>().unwrap();
+                    a.iter().map(|v| v.map(str::to_owned)).collect()
+                }
+                None => vec![None; want.len()],
+            };
+            prop_assert_eq!(got, want);
+            let want: Vec<Option<Value>> = asked
+                .iter(rows.len() as u32)
+                .map(|r| rows[r as usize].attribute("gen_ai.latency.time_to_first_token").cloned())
+                .collect();
+            let got = reader
+                .attribute_values(&ttft, &asked)
+                .unwrap()
+                .unwrap_or_else(|| vec![None; want.len()]);
             prop_assert_eq!(got, want);
         }
     }

@@ -296,6 +296,8 @@ pub struct BlockReader<'a, S: ChunkSource> {
     source: S,
     /// The filter of the first dense row set read (a reader mostly reads one row set).
     mask: std::sync::OnceLock<(RoaringBitmap, BooleanArray)>,
+    /// The block's minority rows (its `minor_rows` chunk), once read.
+    minority: std::sync::OnceLock<Vec<i64>>,
 }
 
 pub(crate) fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
@@ -313,6 +315,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             meta,
             source,
             mask: std::sync::OnceLock::new(),
+            minority: std::sync::OnceLock::new(),
         }
     }
 
@@ -335,8 +338,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         listed: Option<&[u32]>,
         views: bool,
     ) -> Result<Option<ArrayRef>> {
-        if self.meta.column(name).is_none() {
+        let Some(column) = self.meta.column(name) else {
             return Ok(None);
+        };
+        if column.minority {
+            return self.minority_column(name, rows, views).map(Some);
         }
         let bytes = self.source.chunk(name)?.ok_or_else(|| {
             StorageError::corrupt("block", format!("column chunk {name} missing"))
@@ -344,19 +350,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if packed::is_packed(&bytes) {
             return self.packed(name, &bytes, rows, listed).map(Some);
         }
-        let metadata = match self.source.metadata(name) {
-            Some(m) => m,
-            None => {
-                let m = load_metadata(&bytes)?;
-                self.source.remember(name, &m);
-                m
-            }
-        };
-        let metadata = if views {
-            as_string_views(&metadata)?
-        } else {
-            metadata
-        };
+        let metadata = self.parquet_metadata(name, &bytes, views)?;
         // A set of most of the block: decoding it whole and filtering beats a selection of
         // thousands of short runs.
         let dense = match rows {
@@ -382,6 +376,99 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             ));
         }
         Ok(Some(array))
+    }
+
+    /// A Parquet chunk's footer, parsed once and kept by the source where it keeps them
+    /// (`views`: text columns read as string views).
+    fn parquet_metadata(
+        &self,
+        name: &str,
+        bytes: &Bytes,
+        views: bool,
+    ) -> Result<ArrowReaderMetadata> {
+        let metadata = match self.source.metadata(name) {
+            Some(m) => m,
+            None => {
+                let m = load_metadata(bytes)?;
+                self.source.remember(name, &m);
+                m
+            }
+        };
+        if views {
+            as_string_views(&metadata)
+        } else {
+            Ok(metadata)
+        }
+    }
+
+    /// The block's minority rows, ascending (see the writer's `minority_rows`).
+    fn minority_rows(&self) -> Result<&[i64]> {
+        if let Some(rows) = self.minority.get() {
+            return Ok(rows);
+        }
+        let bytes = self.source.chunk(col::MINOR_ROWS)?.ok_or_else(|| {
+            StorageError::corrupt("block", format!("column chunk {} missing", col::MINOR_ROWS))
+        })?;
+        let rows = packed::Packed::parse(&bytes)?.all()?;
+        Ok(self.minority.get_or_init(|| rows))
+    }
+
+    /// Each of `rows`' place among the minority rows, `None` for a row that is not one.
+    fn minority_places(&self, rows: &Rows) -> Result<Vec<Option<u32>>> {
+        let listed = self.minority_rows()?;
+        let mut at = 0usize;
+        Ok(rows
+            .iter(self.meta.rows)
+            .map(|row| {
+                let row = i64::from(row);
+                at = gallop(listed, at, |&r| r < row);
+                (listed.get(at) == Some(&row)).then_some(at as u32)
+            })
+            .collect())
+    }
+
+    /// A column kept over the minority rows alone (see [`ColumnMeta::minority`]): the asked
+    /// rows that are minority rows read their places in the chunk, the others are null.
+    fn minority_column(&self, name: &str, rows: &Rows, views: bool) -> Result<ArrayRef> {
+        let places = self.minority_places(rows)?;
+        let total = self.minority_rows()?.len() as u32;
+        let bytes = self.source.chunk(name)?.ok_or_else(|| {
+            StorageError::corrupt("block", format!("column chunk {name} missing"))
+        })?;
+        let metadata = self.parquet_metadata(name, &bytes, views)?;
+        let wanted = RoaringBitmap::from_sorted_iter(places.iter().flatten().copied())
+            .map_err(|e| StorageError::corrupt("block", format!("minority places: {e}")))?;
+        let dense = wanted.len() * 2 > u64::from(total);
+        let (selection, picks): (Option<RowSelection>, UInt32Array) = if dense {
+            // decoded whole: each asked row takes its place
+            (None, places.iter().copied().collect())
+        } else {
+            // decoded for the wanted places only, in order: the k-th place held is value k
+            let mut k = 0u32;
+            let picks = places
+                .iter()
+                .map(|p| {
+                    p.map(|_| {
+                        k += 1;
+                        k - 1
+                    })
+                })
+                .collect();
+            (Rows::Set(wanted.clone()).selection(total), picks)
+        };
+        let (array, _) = decode_chunk_with(bytes, selection, Some(metadata))?;
+        let expect = if dense {
+            total as usize
+        } else {
+            wanted.len() as usize
+        };
+        if array.len() != expect {
+            return Err(StorageError::corrupt(
+                "column chunk",
+                format!("{name}: {} rows for {expect} minority rows", array.len()),
+            ));
+        }
+        Ok(arrow::compute::take(&array, &picks, None)?)
     }
 
     /// The given rows of a bit-packed chunk: a few rows are read one by one, most of the
@@ -741,13 +828,12 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 StorageError::corrupt("block", format!("column chunk {name} missing"))
             })
         };
-        let listed = chunk(col::MINOR_ROWS)?;
-        let listed = packed::Packed::parse(&listed)?.all()?;
+        let listed = self.minority_rows()?;
         // each asked row's place among the minority rows (both ascending)
         let mut places = Vec::with_capacity(set.len() as usize);
         let mut at = 0usize;
         for row in set.iter().map(i64::from) {
-            at = gallop(&listed, at, |&r| r < row);
+            at = gallop(listed, at, |&r| r < row);
             if listed.get(at) != Some(&row) {
                 return Ok(None);
             }

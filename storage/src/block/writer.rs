@@ -432,6 +432,10 @@ pub fn build_block_with(
     ];
 
     let durations: Vec<i64> = rows.iter().map(|s| s.duration_ns() as i64).collect();
+    let minor = minority_rows(&rows);
+    let minor_at = minor
+        .as_ref()
+        .map(|m| arrow::array::UInt32Array::from(m.clone()));
     let mut columns = Vec::new();
     let mut chunks = Vec::new();
     let mut push = |name: String, ty, kind, array: ArrayRef, enc| -> Result<()> {
@@ -454,12 +458,20 @@ pub fn build_block_with(
             col::PARENT_RANK => Compression::None,
             _ => compression,
         };
+        // an attribute set on minority rows alone is kept over those rows alone
+        let (array, minority) = match &minor_at {
+            Some(at) if kind != ColumnKind::Core && only_at(&array, at) => {
+                (arrow::compute::take(&array, at, None)?, true)
+            }
+            _ => (array, false),
+        };
         let bytes = encode_chunk_with(&array, enc, compression)?;
         columns.push(ColumnMeta {
             name: name.clone(),
             ty,
             kind,
             transform,
+            minority,
             bytes: bytes.len() as u64,
         });
         chunks.push((name, bytes));
@@ -479,7 +491,7 @@ pub fn build_block_with(
             Enc::Dict,
         )?;
     }
-    if let Some(minor) = minority_rows(&rows) {
+    if let Some(minor) = &minor {
         let ints = |f: &dyn Fn(u32) -> i64| -> ArrayRef {
             Arc::new(arrow::array::Int64Array::from_iter_values(
                 minor.iter().map(|&r| f(r)),
@@ -528,6 +540,18 @@ pub fn build_block_with(
 /// this share of a block of at least [`MINORITY_MIN_ROWS`] rows.
 pub const DOMINANT_SHARE: f64 = 0.8;
 pub const MINORITY_MIN_ROWS: usize = 1024;
+
+/// Whether every row holding a value of `array` is one of the rows `at`.
+fn only_at(array: &ArrayRef, at: &arrow::array::UInt32Array) -> bool {
+    let held = array.len() - array.logical_null_count();
+    let nulls = array.logical_nulls();
+    let held_at = at
+        .values()
+        .iter()
+        .filter(|&&r| nulls.as_ref().is_none_or(|n| n.is_valid(r as usize)))
+        .count();
+    held_at == held
+}
 
 /// The rows outside the block's dominant span name, ascending; `None` when no name dominates.
 fn minority_rows(rows: &[&SpanRecord]) -> Option<Vec<u32>> {
