@@ -417,7 +417,21 @@ proptest! {
         let set: RoaringBitmap = pick.iter().map(|i| i.index(rows.len()) as u32).collect();
         let start = range.0.index(rows.len()) as u32;
         let len = range.1.min(rows.len() as u32 - start);
-        for asked in [Rows::Set(set), Rows::Range(start, len), Rows::All] {
+        // request rows only (each found by a walk), any rows (by rank), a range, all
+        let requests: Vec<u32> = (0..rows.len() as u32)
+            .filter(|&r| rows[r as usize].name != "tok")
+            .collect();
+        let of_requests: RoaringBitmap = pick
+            .iter()
+            .filter(|_| !requests.is_empty())
+            .map(|i| requests[i.index(requests.len())])
+            .collect();
+        for asked in [
+            Rows::Set(of_requests),
+            Rows::Set(set),
+            Rows::Range(start, len),
+            Rows::All,
+        ] {
             let want: Vec<Option<String>> = asked
                 .iter(rows.len() as u32)
                 .map(|r| match rows[r as usize].attribute("llm.model_version") {

@@ -296,8 +296,8 @@ pub struct BlockReader<'a, S: ChunkSource> {
     source: S,
     /// The filter of the first dense row set read (a reader mostly reads one row set).
     mask: std::sync::OnceLock<(RoaringBitmap, BooleanArray)>,
-    /// The block's minority rows (its `minor_rows` chunk), once read.
-    minority: std::sync::OnceLock<Vec<i64>>,
+    /// The block's minority rows (its `minor_rows` chunk), once read: listed and as a set.
+    minority: std::sync::OnceLock<(Vec<i64>, RoaringBitmap)>,
 }
 
 pub(crate) fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
@@ -401,30 +401,55 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }
     }
 
-    /// The block's minority rows, ascending (see the writer's `minority_rows`).
-    fn minority_rows(&self) -> Result<&[i64]> {
-        if let Some(rows) = self.minority.get() {
-            return Ok(rows);
+    /// The block's minority rows, ascending (see the writer's `minority_rows`), and as a set.
+    fn minority(&self) -> Result<&(Vec<i64>, RoaringBitmap)> {
+        if let Some(m) = self.minority.get() {
+            return Ok(m);
         }
         let bytes = self.source.chunk(col::MINOR_ROWS)?.ok_or_else(|| {
             StorageError::corrupt("block", format!("column chunk {} missing", col::MINOR_ROWS))
         })?;
         let rows = packed::Packed::parse(&bytes)?.all()?;
-        Ok(self.minority.get_or_init(|| rows))
+        let set = RoaringBitmap::from_sorted_iter(rows.iter().map(|&r| r as u32))
+            .map_err(|e| StorageError::corrupt("block", format!("minority rows: {e}")))?;
+        Ok(self.minority.get_or_init(|| (rows, set)))
     }
 
-    /// Each of `rows`' place among the minority rows, `None` for a row that is not one.
+    fn minority_rows(&self) -> Result<&[i64]> {
+        Ok(&self.minority()?.0)
+    }
+
+    /// Each of `rows`' place among the minority rows, `None` for a row that is not one: only
+    /// the asked rows that are minority rows are visited (a scan of token rows visits none).
     fn minority_places(&self, rows: &Rows) -> Result<Vec<Option<u32>>> {
-        let listed = self.minority_rows()?;
+        let (listed, set) = self.minority()?;
+        let mut places = vec![None; rows.len(self.meta.rows)];
+        let hits = rows.intersect(set);
+        // each hit's place among the minority rows: a walk, as both ascend
         let mut at = 0usize;
-        Ok(rows
-            .iter(self.meta.rows)
-            .map(|row| {
-                let row = i64::from(row);
-                at = gallop(listed, at, |&r| r < row);
-                (listed.get(at) == Some(&row)).then_some(at as u32)
-            })
-            .collect())
+        let mut place_of = |row: u32| {
+            at = gallop(listed, at, |&r| r < i64::from(row));
+            Some(at as u32)
+        };
+        match rows {
+            Rows::All => hits.iter().for_each(|r| places[r as usize] = place_of(r)),
+            Rows::Range(start, _) => hits
+                .iter()
+                .for_each(|r| places[(r - start) as usize] = place_of(r)),
+            // a few hits among many rows: each found by its rank in the set
+            Rows::Set(asked) if hits.len() * 16 < asked.len() => hits
+                .iter()
+                .for_each(|r| places[(asked.rank(r) - 1) as usize] = place_of(r)),
+            Rows::Set(asked) => {
+                let mut hits = hits.iter().peekable();
+                for (i, row) in asked.iter().enumerate() {
+                    if hits.next_if_eq(&row).is_some() {
+                        places[i] = place_of(row);
+                    }
+                }
+            }
+        }
+        Ok(places)
     }
 
     /// A column kept over the minority rows alone (see [`ColumnMeta::minority`]): the asked
