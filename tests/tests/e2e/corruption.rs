@@ -165,16 +165,30 @@ async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so()
         .collect();
     assert!(w.terminate());
 
-    // one byte flipped inside a durations chunk of the largest table file (keys are stored
-    // whole; the value follows its key): a bad sector under one RocksDB block holding part of
+    // one byte flipped inside a durations chunk of the largest table file holding one (keys
+    // are stored whole; the value follows its key): a bad sector under one RocksDB block holding part of
     // a chunk that every read of a span needs. (The middle of the file may hold a chunk that
     // only some queries read, such as a block's minority start times.)
-    let sst = largest_sst(&data);
-    let mut bytes = std::fs::read(&sst).unwrap();
-    let key = bytes
-        .windows(b"duration_ns".len())
-        .position(|w| w == b"duration_ns")
-        .expect("a durations chunk in the largest table file");
+    // a chunk's key, then its value (a bit-packed chunk begins `WPK1`); a block meta in the
+    // meta column family names the column too, but no value of its follows
+    let at = |bytes: &[u8]| {
+        let key = b"duration_ns";
+        (0..bytes.len().saturating_sub(key.len() + 16)).find(|&i| {
+            bytes[i..].starts_with(key)
+                && bytes[i + key.len()..i + key.len() + 16]
+                    .windows(4)
+                    .any(|w| w == b"WPK1")
+        })
+    };
+    let mut tables = files_with(&data, "sst");
+    tables.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).unwrap().len()));
+    let (sst, mut bytes, key) = tables
+        .into_iter()
+        .find_map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            at(&bytes).map(|key| (p, bytes, key))
+        })
+        .expect("a durations chunk in a table file");
     bytes[key + 64] ^= 0x5a;
     std::fs::write(&sst, bytes).unwrap();
     w.restart();
