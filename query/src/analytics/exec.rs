@@ -177,16 +177,8 @@ impl Rows {
 
     /// Each row's labels from the columns after `first`, one per dimension (NULL left out).
     pub fn labels(&self, first: usize, dims: &[String]) -> Vec<BTreeMap<String, String>> {
-        let columns: Vec<Vec<Option<String>>> =
-            (0..dims.len()).map(|i| self.strings(first + i)).collect();
-        (0..self.len())
-            .map(|row| {
-                dims.iter()
-                    .zip(&columns)
-                    .filter_map(|(d, c)| c[row].clone().map(|v| (d.clone(), v)))
-                    .collect()
-            })
-            .collect()
+        let (sets, ids) = self.label_ids(first, dims);
+        ids.into_iter().map(|i| sets[i].clone()).collect()
     }
 
     /// Column `i` as floats.

@@ -344,9 +344,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if column.minority {
             return self.minority_column(name, rows, views).map(Some);
         }
-        let bytes = self.source.chunk(name)?.ok_or_else(|| {
-            StorageError::corrupt("block", format!("column chunk {name} missing"))
-        })?;
+        let bytes = self.required_chunk(name)?;
         if packed::is_packed(&bytes) {
             return self.packed(name, &bytes, rows, listed).map(Some);
         }
@@ -378,6 +376,13 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(array))
     }
 
+    /// A chunk the block's meta names; its absence is corruption.
+    fn required_chunk(&self, name: &str) -> Result<Bytes> {
+        self.source
+            .chunk(name)?
+            .ok_or_else(|| StorageError::corrupt("block", format!("column chunk {name} missing")))
+    }
+
     /// A Parquet chunk's footer, parsed once and kept by the source where it keeps them
     /// (`views`: text columns read as string views).
     fn parquet_metadata(
@@ -406,17 +411,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if let Some(m) = self.minority.get() {
             return Ok(m);
         }
-        let bytes = self.source.chunk(col::MINOR_ROWS)?.ok_or_else(|| {
-            StorageError::corrupt("block", format!("column chunk {} missing", col::MINOR_ROWS))
-        })?;
-        let rows = packed::Packed::parse(&bytes)?.all()?;
+        let rows = packed::Packed::parse(&self.required_chunk(col::MINOR_ROWS)?)?.all()?;
         let set = RoaringBitmap::from_sorted_iter(rows.iter().map(|&r| r as u32))
             .map_err(|e| StorageError::corrupt("block", format!("minority rows: {e}")))?;
         Ok(self.minority.get_or_init(|| (rows, set)))
-    }
-
-    fn minority_rows(&self) -> Result<&[i64]> {
-        Ok(&self.minority()?.0)
     }
 
     /// Each of `rows`' place among the minority rows, `None` for a row that is not one: only
@@ -456,10 +454,8 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// rows that are minority rows read their places in the chunk, the others are null.
     fn minority_column(&self, name: &str, rows: &Rows, views: bool) -> Result<ArrayRef> {
         let places = self.minority_places(rows)?;
-        let total = self.minority_rows()?.len() as u32;
-        let bytes = self.source.chunk(name)?.ok_or_else(|| {
-            StorageError::corrupt("block", format!("column chunk {name} missing"))
-        })?;
+        let total = self.minority()?.0.len() as u32;
+        let bytes = self.required_chunk(name)?;
         let metadata = self.parquet_metadata(name, &bytes, views)?;
         let wanted = RoaringBitmap::from_sorted_iter(places.iter().flatten().copied())
             .map_err(|e| StorageError::corrupt("block", format!("minority places: {e}")))?;
@@ -726,9 +722,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 self.raw_ints(col::DURATION, rows)?,
             ));
         }
-        if let Rows::Set(set) = rows
-            && let Some(times) = self.minority_times(set)?
-        {
+        if let Some(times) = self.minority_times(rows)? {
             return Ok(times);
         }
         let page = PAGE_ROWS as u32;
@@ -843,30 +837,21 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// `None` when the block keeps no such copy or a row is not among them.
     fn minority_times(
         &self,
-        set: &RoaringBitmap,
+        rows: &Rows,
     ) -> Result<Option<(ScalarBuffer<i64>, ScalarBuffer<i64>)>> {
+        let Rows::Set(set) = rows else {
+            return Ok(None);
+        };
         if set.is_empty() || self.meta.column(col::MINOR_ROWS).is_none() {
             return Ok(None);
         }
-        let chunk = |name: &str| -> Result<Bytes> {
-            self.source.chunk(name)?.ok_or_else(|| {
-                StorageError::corrupt("block", format!("column chunk {name} missing"))
-            })
-        };
-        let listed = self.minority_rows()?;
-        // each asked row's place among the minority rows (both ascending)
-        let mut places = Vec::with_capacity(set.len() as usize);
-        let mut at = 0usize;
-        for row in set.iter().map(i64::from) {
-            at = gallop(listed, at, |&r| r < row);
-            if listed.get(at) != Some(&row) {
-                return Ok(None);
-            }
-            places.push(at as u32);
-            at += 1;
+        let (listed, minority) = self.minority()?;
+        if !set.is_subset(minority) {
+            return Ok(None);
         }
+        let places = self.minority_places(rows)?;
         let read = |name: &str| -> Result<Vec<i64>> {
-            let bytes = chunk(name)?;
+            let bytes = self.required_chunk(name)?;
             let values = packed::Packed::parse(&bytes)?;
             if values.rows() as usize != listed.len() {
                 return Err(StorageError::corrupt(
@@ -878,7 +863,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                     ),
                 ));
             }
-            values.pick(places.iter().copied())
+            values.pick(places.iter().flatten().copied())
         };
         Ok(Some((
             read(col::MINOR_START)?.into(),
@@ -896,12 +881,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         set: &RoaringBitmap,
         run_starts: &[u32],
     ) -> Result<Option<(Vec<i64>, Vec<i64>)>> {
-        let chunk = |name: &str| -> Result<Bytes> {
-            self.source.chunk(name)?.ok_or_else(|| {
-                StorageError::corrupt("block", format!("column chunk {name} missing"))
-            })
-        };
-        let (gaps, durations) = (chunk(col::START)?, chunk(col::DURATION)?);
+        let (gaps, durations) = (
+            self.required_chunk(col::START)?,
+            self.required_chunk(col::DURATION)?,
+        );
         if !packed::is_packed(&gaps) || !packed::is_packed(&durations) {
             return Ok(None);
         }
@@ -1085,9 +1068,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 
     /// The values of string column `dim` (indexed by postings: a dedicated one, or the core
-    /// service, name and status) for a few rows, as string views, read from the block's postings of it instead
-    /// of its chunk: each row is in the rows of the term it holds, or of none when it holds
-    /// none (the writer indexes exactly the value the column keeps). `None` when the source has
+    /// service, name and status) for a few rows, as string views, read from the block's
+    /// postings of it instead of its chunk: each row is in the rows of the term it holds, or
+    /// of none when it holds none (the writer indexes exactly the value the column keeps). `None` when the source has
     /// no postings, the rows are not few, or the dimension has too many terms for this to pay.
     pub fn indexed_strings(&self, dim: &str, set: &RoaringBitmap) -> Result<Option<ArrayRef>> {
         if !self.few(set.len()) {

@@ -432,10 +432,7 @@ pub fn build_block_with(
     ];
 
     let durations: Vec<i64> = rows.iter().map(|s| s.duration_ns() as i64).collect();
-    let minor = minority_rows(&rows);
-    let minor_at = minor
-        .as_ref()
-        .map(|m| arrow::array::UInt32Array::from(m.clone()));
+    let minor = minority_rows(&postings, n);
     let mut columns = Vec::new();
     let mut chunks = Vec::new();
     let mut push = |name: String, ty, kind, array: ArrayRef, enc| -> Result<()> {
@@ -459,7 +456,7 @@ pub fn build_block_with(
             _ => compression,
         };
         // an attribute set on minority rows alone is kept over those rows alone
-        let (array, minority) = match &minor_at {
+        let (array, minority) = match &minor {
             Some(at) if kind != ColumnKind::Core && only_at(&array, at) => {
                 (arrow::compute::take(&array, at, None)?, true)
             }
@@ -494,7 +491,7 @@ pub fn build_block_with(
     if let Some(minor) = &minor {
         let ints = |f: &dyn Fn(u32) -> i64| -> ArrayRef {
             Arc::new(arrow::array::Int64Array::from_iter_values(
-                minor.iter().map(|&r| f(r)),
+                minor.values().iter().map(|&r| f(r)),
             ))
         };
         let times: [(&str, ArrayRef); 3] = [
@@ -553,24 +550,24 @@ fn only_at(array: &ArrayRef, at: &arrow::array::UInt32Array) -> bool {
     held_at == held
 }
 
-/// The rows outside the block's dominant span name, ascending; `None` when no name dominates.
-fn minority_rows(rows: &[&SpanRecord]) -> Option<Vec<u32>> {
-    if rows.len() < MINORITY_MIN_ROWS {
+/// The rows outside the block's dominant span name, ascending, from the block's name
+/// postings (each name's rows); `None` when no name dominates.
+fn minority_rows(postings: &Postings, rows: usize) -> Option<arrow::array::UInt32Array> {
+    if rows < MINORITY_MIN_ROWS {
         return None;
     }
-    let mut counts: HashMap<&str, usize> = HashMap::default();
-    for r in rows {
-        *counts.entry(r.name.as_str()).or_default() += 1;
-    }
-    let (name, n) = counts.into_iter().max_by_key(|(name, n)| (*n, *name))?;
-    if (n as f64) < DOMINANT_SHARE * rows.len() as f64 || n == rows.len() {
+    let names = postings.0.get(DIM_NAME)?;
+    let (_, dominant) = names
+        .iter()
+        .max_by_key(|(name, held)| (held.len(), *name))?;
+    let n = dominant.len() as usize;
+    if (n as f64) < DOMINANT_SHARE * rows as f64 || n == rows {
         return None;
     }
-    Some(
-        (0..rows.len() as u32)
-            .filter(|&r| rows[r as usize].name != name)
-            .collect(),
-    )
+    let mut minority = RoaringBitmap::new();
+    minority.insert_range(0..rows as u32);
+    minority -= dominant;
+    Some(minority.iter().collect())
 }
 
 /// The start time as stored: the gap after the previous row's end within a trace (tens of
