@@ -547,7 +547,9 @@ pub fn decode_chunk_with(
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, metadata.clone());
     let rows = builder.metadata().file_metadata().num_rows().max(1) as usize;
     let mut builder = builder.with_batch_size(rows);
+    let mut selects_none = false;
     if let Some(selection) = selection {
+        selects_none = selection.row_count() == 0;
         builder = builder.with_row_selection(selection);
     }
     let batches = builder
@@ -555,6 +557,15 @@ pub fn decode_chunk_with(
         .map(|b| b.map(|b| b.column(0).clone()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let array = match batches.len() {
+        0 if selects_none => {
+            let field = metadata
+                .schema()
+                .fields()
+                .first()
+                .cloned()
+                .ok_or_else(|| StorageError::corrupt("column chunk", "no column"))?;
+            arrow::array::new_empty_array(field.data_type())
+        }
         0 => return Err(StorageError::corrupt("column chunk", "no rows")),
         1 => batches.into_iter().next().expect("one batch"),
         _ => {

@@ -417,7 +417,7 @@ proptest! {
         let set: RoaringBitmap = pick.iter().map(|i| i.index(rows.len()) as u32).collect();
         let start = range.0.index(rows.len()) as u32;
         let len = range.1.min(rows.len() as u32 - start);
-        // request rows only (each found by a walk), any rows (by rank), a range, all
+        // request rows only (each found by a walk), any rows (by rank), a range (maybe empty), all
         let requests: Vec<u32> = (0..rows.len() as u32)
             .filter(|&r| rows[r as usize].name != "tok")
             .collect();
@@ -426,8 +426,15 @@ proptest! {
             .filter(|_| !requests.is_empty())
             .map(|i| requests[i.index(requests.len())])
             .collect();
+        // token rows only: no asked row holds a value
+        let of_tokens: RoaringBitmap = pick
+            .iter()
+            .map(|i| i.index(rows.len()) as u32)
+            .filter(|&r| rows[r as usize].name == "tok")
+            .collect();
         for asked in [
             Rows::Set(of_requests),
+            Rows::Set(of_tokens),
             Rows::Set(set),
             Rows::Range(start, len),
             Rows::All,

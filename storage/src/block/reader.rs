@@ -459,6 +459,16 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         let metadata = self.parquet_metadata(name, &bytes, views)?;
         let wanted = RoaringBitmap::from_sorted_iter(places.iter().flatten().copied())
             .map_err(|e| StorageError::corrupt("block", format!("minority places: {e}")))?;
+        if wanted.is_empty() {
+            // no asked row holds a value (token rows only, or no rows)
+            let field = metadata.schema().fields().first().cloned().ok_or_else(|| {
+                StorageError::corrupt("column chunk", format!("{name}: no column"))
+            })?;
+            return Ok(arrow::array::new_null_array(
+                field.data_type(),
+                places.len(),
+            ));
+        }
         let dense = wanted.len() * 2 > u64::from(total);
         let (selection, picks): (Option<RowSelection>, UInt32Array) = if dense {
             // decoded whole: each asked row takes its place

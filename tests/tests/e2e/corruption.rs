@@ -170,9 +170,11 @@ async fn skipping_corrupt_blocks_answers_without_the_damaged_block_and_says_so()
     // a chunk that every read of a span needs. (The middle of the file may hold a chunk that
     // only some queries read, such as a block's minority start times.)
     // a chunk's key, then its value (a bit-packed chunk begins `WPK1`); a block meta in the
-    // meta column family names the column too, but no value of its follows
+    // meta column family names the column too, but no value of its follows. A table block
+    // stores a key's part shared with the key before it once: "duration_ns" follows
+    // "dropped_links" (or a dedicated "d:" column), so only "uration_ns" is sure to be there
     let at = |bytes: &[u8]| {
-        let key = b"duration_ns";
+        let key = b"uration_ns";
         (0..bytes.len().saturating_sub(key.len() + 16)).find(|&i| {
             bytes[i..].starts_with(key)
                 && bytes[i + key.len()..i + key.len() + 16]
