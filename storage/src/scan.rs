@@ -18,6 +18,7 @@ use std::sync::Arc;
 use arrow::array::ArrayRef;
 use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::DataType;
+use roaring::RoaringBitmap;
 
 use crate::block::BlockReader;
 use crate::block::writer::col;
@@ -27,7 +28,7 @@ use crate::schema::{DEDICATED, dedicated_for};
 use crate::store::{ChunkFetcher, Store};
 
 pub use crate::block::format::{BlockMeta, TraceEntry};
-pub use crate::block::reader::{Positions, Rows, TraceRuns};
+pub use crate::block::reader::{NO_PARENT, Positions, Rows, TraceRuns};
 pub use crate::keys::BlockAddr;
 
 /// One span block of a tenant, read column by column for the rows asked (decoded chunks and
@@ -64,6 +65,17 @@ impl BlockView<'_> {
     /// The runs of rows of each trace (rows are sorted by trace).
     pub fn trace_runs(&self) -> Result<Option<Arc<TraceRuns>>> {
         self.reader.trace_runs()
+    }
+
+    /// Whether the block keeps its rows' parents as ranks (see [`Self::parent_rows`]).
+    pub fn has_parent_ranks(&self) -> bool {
+        self.reader.meta.column(col::PARENT_RANK).is_some()
+    }
+
+    /// Each of `rows`' trace run and parent row in the block (see
+    /// [`BlockReader::parent_rows`]); `None` when the block cannot say.
+    pub fn parent_rows(&self, rows: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+        self.reader.parent_rows(rows)
     }
 
     pub fn trace_ids(&self, rows: &Rows) -> Result<Vec<TraceId>> {

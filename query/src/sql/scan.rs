@@ -10,16 +10,18 @@
 //!   range before it is read (once the TopK holds n rows newer than a block's newest span,
 //!   that block is skipped), never reported as applied, so the parent still enforces it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, TimestampNanosecondArray,
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, StringArray,
+    StringViewArray, TimestampNanosecondArray, UInt32Array, new_null_array,
 };
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
@@ -46,7 +48,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use roaring::RoaringBitmap;
 use weft_storage::scan::BlockAddr;
-use weft_storage::scan::Rows;
+use weft_storage::scan::{Rows, TraceRuns};
 
 use super::pushdown::{BlockWork, ScanPlan};
 use super::tracejoin::Scattered;
@@ -103,6 +105,46 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
     fn trace_rows(&self, _ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
         Ok(None)
     }
+    /// Whether a block can name its rows' parents by row ([`ScanSource::parent_rows`]).
+    fn knows_parent_rows(&self, _work: &BlockWork) -> bool {
+        false
+    }
+    /// For each of `rows` (ascending) of a block, its trace's run and its parent's row (see
+    /// [`weft_storage::scan::BlockView::parent_rows`]), with the block's trace runs; `None`
+    /// when the block cannot say.
+    fn parent_rows(&self, _work: &BlockWork, _rows: &RoaringBitmap) -> Result<Option<Lineage>> {
+        Ok(None)
+    }
+}
+
+/// `n` values standing for a column that is not read: nulls where the field allows them,
+/// else empty text; `None` for other types.
+fn placeholder(field: &Field, n: usize) -> Option<ArrayRef> {
+    if field.is_nullable() {
+        return Some(new_null_array(field.data_type(), n));
+    }
+    match field.data_type() {
+        DataType::Utf8 => Some(std::sync::Arc::new(StringArray::new(
+            OffsetBuffer::new_zeroed(n),
+            Buffer::from_vec(Vec::<u8>::new()),
+            None,
+        ))),
+        DataType::Utf8View => Some(std::sync::Arc::new(StringViewArray::new(
+            ScalarBuffer::from(vec![0u128; n]),
+            Vec::new(),
+            None,
+        ))),
+        _ => None,
+    }
+}
+
+/// Where a block's rows sit among its traces: see [`ScanSource::parent_rows`].
+pub struct Lineage {
+    pub runs: Arc<TraceRuns>,
+    /// Each row's run (an index into `runs`).
+    pub of_run: Vec<u32>,
+    /// Each row's parent row, or [`weft_storage::scan::NO_PARENT`].
+    pub parents: Vec<u32>,
 }
 
 /// Rows of some traces, per block.
@@ -271,6 +313,84 @@ impl WeftScanExec {
             columns,
             &RecordBatchOptions::new().with_row_count(Some(rows)),
         )?)
+    }
+
+    /// [`Self::read_block_batch`] with the block's row number of each output row, and with
+    /// the projected columns at `skip` (positions in the output) left unread: each is a
+    /// placeholder of its type (empty or null values). Positions a row filter reads, or whose
+    /// type has no placeholder, are read all the same.
+    pub(super) fn read_block_numbered(
+        &self,
+        work: &BlockWork,
+        skip: &[usize],
+    ) -> Result<(RecordBatch, UInt32Array)> {
+        let filtered: HashSet<usize> = self
+            .row_filters
+            .iter()
+            .flat_map(|f| collect_columns(f).into_iter().map(|c| c.index()))
+            .collect();
+        let schema = self.schema.clone();
+        let skip: Vec<usize> = skip
+            .iter()
+            .copied()
+            .filter(|i| !filtered.contains(i) && *i < self.projection.len())
+            .filter(|&i| placeholder(schema.field(i), 0).is_some())
+            .collect();
+        let read: Vec<usize> = (0..self.projection.len())
+            .filter(|i| !skip.contains(i))
+            .map(|i| self.projection[i])
+            .collect();
+        let (n, columns) = self.source.read_block(work, &read)?;
+        let mut columns = columns.into_iter();
+        let mut all = Vec::with_capacity(self.projection.len());
+        for i in 0..self.projection.len() {
+            match skip.contains(&i) {
+                true => all.push(placeholder(schema.field(i), n).ok_or_else(|| {
+                    DataFusionError::Internal("no placeholder for a column".into())
+                })?),
+                false => all.push(columns.next().ok_or_else(|| {
+                    DataFusionError::Internal("a scan read fewer columns than asked".into())
+                })?),
+            }
+        }
+        let mut batch = RecordBatch::try_new_with_options(
+            schema,
+            all,
+            &RecordBatchOptions::new().with_row_count(Some(n)),
+        )?;
+        let mut rows = UInt32Array::from_iter_values(work.rows.iter(work.meta.rows));
+        if rows.len() != n {
+            return Err(DataFusionError::Internal(format!(
+                "a block read gave {n} rows for {} asked",
+                rows.len()
+            )));
+        }
+        for f in &self.row_filters {
+            if batch.num_rows() == 0 {
+                break;
+            }
+            let keep = f.evaluate(&batch)?.into_array(batch.num_rows())?;
+            let keep = keep.as_boolean_opt().ok_or_else(|| {
+                DataFusionError::Internal(format!("filter {f} is not a boolean expression"))
+            })?;
+            batch = filter_record_batch(&batch, keep)?;
+            rows = arrow::compute::filter(&rows, keep)?.as_primitive().clone();
+        }
+        Ok((batch, rows))
+    }
+
+    /// See [`ScanSource::knows_parent_rows`].
+    pub(super) fn knows_parent_rows(&self, work: &BlockWork) -> bool {
+        self.source.knows_parent_rows(work)
+    }
+
+    /// See [`ScanSource::parent_rows`].
+    pub(super) fn parent_rows(
+        &self,
+        work: &BlockWork,
+        rows: &RoaringBitmap,
+    ) -> Result<Option<Lineage>> {
+        self.source.parent_rows(work, rows)
     }
 
     /// The head's selected rows, projected and through the row filters.

@@ -27,7 +27,7 @@ use weft_storage::summary::{SummaryBuilder, TraceSummary};
 use super::columns::{SpanCol, SpanColumns, list_type, map_type, storage_err, timestamp_type};
 use super::pushdown::{BlockWork, LateRows, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
-use super::scan::{ScanSource, TraceRows, WeftScanExec};
+use super::scan::{Lineage, ScanSource, TraceRows, WeftScanExec};
 use super::tracejoin::Scattered;
 
 /// What every table of one query reads: the store, the tenant and one snapshot.
@@ -317,6 +317,29 @@ impl ScanSource for SpansSource {
                 .get_or_init(|| Arc::new(Scattered::new(&ctx.snapshot)))
                 .clone(),
         )
+    }
+    fn knows_parent_rows(&self, work: &BlockWork) -> bool {
+        self.ctx
+            .store
+            .block_view(&self.ctx.tenant, work.addr, &work.meta)
+            .has_parent_ranks()
+    }
+    fn parent_rows(&self, work: &BlockWork, rows: &RoaringBitmap) -> Result<Option<Lineage>> {
+        let view = self
+            .ctx
+            .store
+            .block_view(&self.ctx.tenant, work.addr, &work.meta);
+        let Some(runs) = view.trace_runs().map_err(storage_err)? else {
+            return Ok(None);
+        };
+        Ok(view
+            .parent_rows(rows)
+            .map_err(storage_err)?
+            .map(|(of_run, parents)| Lineage {
+                runs,
+                of_run,
+                parents,
+            }))
     }
     fn trace_rows(&self, ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
         let ctx = &self.ctx;

@@ -1027,6 +1027,10 @@ fn trace_local_joins_answer_as_datafusion_s_hash_join() {
         // children that have a parent, to their parents (an id's IS NOT NULL narrows nothing
         // the join would keep)
         "SELECT p.name, c.name, count(*) FROM spans c JOIN spans p ON c.trace_id = p.trace_id AND c.parent_span_id = p.span_id WHERE c.parent_span_id IS NOT NULL AND c.start_time >= '2023-11-14T00:00:00Z' GROUP BY 1, 2",
+        // a parent's dimension over its children, no id in the output (read by rank alone)
+        "SELECT g.\"llm.model_version\", c.name, count(*), sum(c.duration_ns) FROM spans c JOIN spans g ON c.trace_id = g.trace_id AND c.parent_span_id = g.span_id WHERE g.name = 'llm.generate' GROUP BY 1, 2",
+        // the same the other way round, ids of one side in the output
+        "SELECT c.span_id, g.duration_ns - c.duration_ns FROM spans g JOIN spans c ON g.span_id = c.parent_span_id AND g.trace_id = c.trace_id WHERE g.name = 'llm.generate' AND c.name IN ('llm.prefill', 'llm.decode.token')",
     ];
     for sql in queries {
         let plan = block_on(text_of(&f, &format!("EXPLAIN {sql}"), true));
@@ -1037,6 +1041,13 @@ fn trace_local_joins_answer_as_datafusion_s_hash_join() {
         assert!(!want.is_empty(), "{sql}");
         assert_eq!(got.len(), want.len(), "{sql}");
         assert_eq!(got, want, "{sql}");
+    }
+    // parent ↔ child joins pair rows by the blocks' parent ranks, and read no id that only the
+    // keys use
+    for (i, unread) in [(0, 3), (1, 4), (7, 4), (8, 4)] {
+        let plan = block_on(text_of(&f, &format!("EXPLAIN {}", queries[i]), true));
+        let said = format!("paired by parent rank ({unread} id columns unread)");
+        assert!(plan.contains(&said), "{said}: {plan}");
     }
     // the fixture has traces over two blocks and traces with rows in the head
     let plan = block_on(text_of(&f, &format!("EXPLAIN {}", queries[0]), true));

@@ -13,6 +13,11 @@
 //! joined with both sides' head rows by the last partition to finish, grouped by trace. The
 //! scattered traces are the snapshot's split traces and the head's traces.
 //!
+//! A parent ↔ child join ([`ByRank`]) needs no key compared at all: a block keeps each row's
+//! parent as its place in the trace's run, so each child row names its parent's row, and the
+//! id columns (the costliest a block has: the span ids are 8 random bytes a row, the ids are
+//! read as hex text) are not read unless the join's output or filter uses them.
+//!
 //! [`TraceLocalJoins`] puts it in place of an inner `HashJoinExec` when each side is a Weft
 //! scan of `spans` of the same snapshot under projections and filters only (repartitions and
 //! coalescing between them and the join are passed through), when the trace-id keys are the scan's
@@ -44,22 +49,26 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::projection::{
+    EmbeddedProjection, ProjectionExec, try_embed_projection,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::StreamExt;
-use rustc_hash::FxHashMap;
+use roaring::RoaringBitmap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use weft_storage::model::TraceId;
-use weft_storage::scan::BlockAddr;
+use weft_storage::scan::{BlockAddr, NO_PARENT, Rows as BlockRows};
 use weft_storage::store::Snapshot;
 
 use super::pushdown::BlockWork;
@@ -71,6 +80,9 @@ use super::scan::{INLINE_READ_ROWS, WeftScanExec};
 pub struct Scattered {
     splits: Arc<HashSet<TraceId>>,
     head: HashSet<TraceId>,
+    /// The first 8 bytes of every id above: most ids asked about are in neither set, and a
+    /// miss here costs one multiply instead of hashing 16 bytes twice.
+    prefixes: FxHashSet<u64>,
     /// Identifies the snapshot (its block map), so that two scans are known to share one.
     snapshot: usize,
 }
@@ -82,16 +94,28 @@ impl Scattered {
             .batches
             .iter()
             .flat_map(|b| b.iter().map(|r| r.trace_id))
+            .collect::<HashSet<TraceId>>();
+        let prefixes = snapshot
+            .splits
+            .iter()
+            .chain(head.iter())
+            .map(prefix)
             .collect();
         Self {
             splits: snapshot.splits.clone(),
             head,
+            prefixes,
             snapshot: Arc::as_ptr(&snapshot.blocks) as usize,
         }
     }
 
     fn is_empty(&self) -> bool {
         self.splits.is_empty() && self.head.is_empty()
+    }
+
+    /// Whether a stored trace id names a scattered trace.
+    fn contains_id(&self, id: &TraceId) -> bool {
+        self.prefixes.contains(&prefix(id)) && (self.splits.contains(id) || self.head.contains(id))
     }
 
     /// Whether a trace id (as the `trace_id` column holds it: hex text) names a scattered
@@ -102,10 +126,16 @@ impl Scattered {
             return false;
         }
         match TraceId::from_hex(hex) {
-            Ok(t) => self.splits.contains(&t) || self.head.contains(&t),
+            Ok(t) => self.contains_id(&t),
             Err(_) => true,
         }
     }
+}
+
+fn prefix(id: &TraceId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0[..8]);
+    u64::from_le_bytes(b)
 }
 
 /// The physical optimizer rule; see the module documentation.
@@ -175,6 +205,11 @@ enum Step {
 
 impl Step {
     fn apply(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        Ok(self.apply_keeping(batch)?.0)
+    }
+
+    /// The step applied, with which rows a filter kept.
+    fn apply_keeping(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<BooleanArray>)> {
         match self {
             Step::Project(p) => {
                 let n = batch.num_rows();
@@ -183,11 +218,12 @@ impl Step {
                     .iter()
                     .map(|e| e.expr.evaluate(&batch)?.into_array(n))
                     .collect::<Result<Vec<_>>>()?;
-                Ok(RecordBatch::try_new_with_options(
+                let batch = RecordBatch::try_new_with_options(
                     p.schema(),
                     columns,
                     &RecordBatchOptions::new().with_row_count(Some(n)),
-                )?)
+                )?;
+                Ok((batch, None))
             }
             Step::Filter(f) => {
                 let keep = f
@@ -198,10 +234,11 @@ impl Step {
                     DataFusionError::Internal("filter is not a boolean expression".into())
                 })?;
                 let kept = arrow::compute::filter_record_batch(&batch, keep)?;
-                match f.projection() {
-                    Some(p) => Ok(kept.project(p)?),
-                    None => Ok(kept),
-                }
+                let kept = match f.projection() {
+                    Some(p) => kept.project(p)?,
+                    None => kept,
+                };
+                Ok((kept, Some(keep.clone())))
             }
         }
     }
@@ -266,41 +303,88 @@ impl Side {
         self.scan.rows_known() && !self.steps.iter().any(|s| matches!(s, Step::Filter(_)))
     }
 
-    /// Whether `key`, an expression over the side's output, is the scan's `trace_id` column
-    /// carried up unchanged through the steps.
-    fn is_trace_id(&self, key: &Arc<dyn PhysicalExpr>) -> bool {
-        let Some(mut index) = key.downcast_ref::<Column>().map(|c| c.index()) else {
-            return false;
-        };
+    /// The scan's output position of `key`, an expression over the side's output, when it is
+    /// a column of the scan carried up unchanged through the steps.
+    fn scan_column(&self, key: &Arc<dyn PhysicalExpr>) -> Option<usize> {
+        let mut index = key.downcast_ref::<Column>().map(|c| c.index())?;
         for step in self.steps.iter().rev() {
             match step {
                 Step::Project(p) => {
-                    match p
+                    index = p
                         .expr()
                         .get(index)
-                        .and_then(|e| e.expr.downcast_ref::<Column>())
-                    {
-                        Some(c) => index = c.index(),
-                        None => return false,
-                    }
+                        .and_then(|e| e.expr.downcast_ref::<Column>())?
+                        .index();
                 }
                 Step::Filter(f) => {
                     if let Some(p) = f.projection() {
-                        match p.get(index) {
-                            Some(&i) => index = i,
-                            None => return false,
-                        }
+                        index = *p.get(index)?;
                     }
                 }
             }
         }
+        (index < self.scan.schema().fields().len()).then_some(index)
+    }
+
+    /// Whether `key` is the scan's text column `name` (see [`Self::scan_column`]).
+    fn is_column(&self, key: &Arc<dyn PhysicalExpr>, name: &str) -> bool {
         let schema = self.scan.schema();
-        index < schema.fields().len()
-            && schema.field(index).name() == "trace_id"
-            && matches!(
-                schema.field(index).data_type(),
-                DataType::Utf8 | DataType::Utf8View
-            )
+        self.scan_column(key).is_some_and(|i| {
+            schema.field(i).name() == name
+                && matches!(
+                    schema.field(i).data_type(),
+                    DataType::Utf8 | DataType::Utf8View
+                )
+        })
+    }
+
+    /// Whether `key` is the scan's `trace_id` column carried up unchanged.
+    fn is_trace_id(&self, key: &Arc<dyn PhysicalExpr>) -> bool {
+        self.is_column(key, "trace_id")
+    }
+
+    /// Which of `candidates` (the scan's output positions) nothing reads but the join's keys:
+    /// not the steps, nor the join's filter or output (`used`: positions of the side's
+    /// output; `None` when the join outputs every column).
+    fn unread(&self, used: Option<HashSet<usize>>, candidates: &[usize]) -> Vec<usize> {
+        let Some(mut used) = used else {
+            return Vec::new();
+        };
+        for step in self.steps.iter().rev() {
+            let mut below = HashSet::new();
+            match step {
+                Step::Project(p) => {
+                    for i in &used {
+                        let Some(e) = p.expr().get(*i) else {
+                            return Vec::new();
+                        };
+                        below.extend(collect_columns(&e.expr).iter().map(|c| c.index()));
+                    }
+                }
+                Step::Filter(f) => {
+                    for &i in &used {
+                        match f.projection() {
+                            Some(p) => match p.get(i) {
+                                Some(&j) => {
+                                    below.insert(j);
+                                }
+                                None => return Vec::new(),
+                            },
+                            None => {
+                                below.insert(i);
+                            }
+                        }
+                    }
+                    below.extend(collect_columns(f.predicate()).iter().map(|c| c.index()));
+                }
+            }
+            used = below;
+        }
+        candidates
+            .iter()
+            .copied()
+            .filter(|c| !used.contains(c))
+            .collect()
     }
 
     /// A batch of the scan's rows carried through the steps.
@@ -316,12 +400,90 @@ impl Side {
         self.finish(self.scan.read_block_batch(work)?)
     }
 
+    /// A block's rows through the steps with each one's row number in the block, the scan's
+    /// columns at `skip` left unread (see [`WeftScanExec::read_block_numbered`]).
+    fn read_numbered(
+        &self,
+        work: &BlockWork,
+        skip: &[usize],
+    ) -> Result<(RecordBatch, UInt32Array)> {
+        let (mut batch, mut rows) = self.scan.read_block_numbered(work, skip)?;
+        for step in &self.steps {
+            let (next, keep) = step.apply_keeping(batch)?;
+            if let Some(keep) = keep {
+                rows = arrow::compute::filter(&rows, &keep)?.as_primitive().clone();
+            }
+            batch = next;
+        }
+        Ok((batch, rows))
+    }
+
     fn read_head(&self) -> Result<Vec<RecordBatch>> {
         self.scan
             .read_head_batches()?
             .into_iter()
             .map(|b| self.finish(b))
             .collect()
+    }
+}
+
+/// A parent ↔ child join (`child.parent_span_id = parent.span_id` besides the trace ids, no
+/// other key): a block that keeps its rows' parents as ranks pairs each child row with its
+/// parent's row directly (see [`Joiner::block_by_rank`]), reading neither side's ids.
+#[derive(Debug, Clone)]
+struct ByRank {
+    child: JoinSide,
+    /// Each side's scan output positions left unread: the id columns only the keys read.
+    left_skip: Vec<usize>,
+    right_skip: Vec<usize>,
+}
+
+impl ByRank {
+    fn of(join: &HashJoinExec, left: &Side, right: &Side, trace_key: usize) -> Option<Self> {
+        if join.on.len() != 2 {
+            return None;
+        }
+        let (l, r) = &join.on[1 - trace_key];
+        let child = if left.is_column(l, "parent_span_id") && right.is_column(r, "span_id") {
+            JoinSide::Left
+        } else if left.is_column(l, "span_id") && right.is_column(r, "parent_span_id") {
+            JoinSide::Right
+        } else {
+            return None;
+        };
+        let n_left = join.left.schema().fields().len();
+        // the side's output positions the join's output and filter read
+        let used = |side: JoinSide| -> Option<HashSet<usize>> {
+            let projection = join.projection.as_ref()?;
+            let mut used: HashSet<usize> = projection
+                .iter()
+                .filter_map(|&c| match side {
+                    JoinSide::Left => (c < n_left).then_some(c),
+                    _ => c.checked_sub(n_left),
+                })
+                .collect();
+            if let Some(f) = &join.filter {
+                used.extend(
+                    f.column_indices()
+                        .iter()
+                        .filter(|c| c.side == side)
+                        .map(|c| c.index),
+                );
+            }
+            Some(used)
+        };
+        let (t, _) = &join.on[trace_key];
+        let (_, rt) = &join.on[trace_key];
+        let left_keys: Vec<usize> = [t, l].iter().filter_map(|k| left.scan_column(k)).collect();
+        let right_keys: Vec<usize> = [rt, r]
+            .iter()
+            .filter_map(|k| right.scan_column(k))
+            .collect();
+        Some(Self {
+            child,
+            left_skip: left.unread(used(JoinSide::Left), &left_keys),
+            right_skip: right.unread(used(JoinSide::Right), &right_keys),
+        })
     }
 }
 
@@ -364,6 +526,7 @@ pub struct TraceLocalJoinExec {
     right: Side,
     /// Index of the trace-id pair in the join's keys.
     trace_key: usize,
+    by_rank: Option<ByRank>,
     scattered: Arc<Scattered>,
     partitions: Vec<Vec<Pair>>,
     properties: Arc<PlanProperties>,
@@ -464,11 +627,13 @@ impl TraceLocalJoinExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
+        let by_rank = ByRank::of(&join, &left, &right, trace_key);
         Ok(Some(Self {
             join,
             left,
             right,
             trace_key,
+            by_rank,
             scattered,
             partitions: spread,
             properties,
@@ -486,6 +651,15 @@ impl TraceLocalJoinExec {
                 _ => r.clone(),
             })
             .collect()
+    }
+}
+
+impl EmbeddedProjection for TraceLocalJoinExec {
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
+        let join = Arc::new(self.join.with_projection(projection)?);
+        Self::try_new(join, self.partitions.len(), None)?.ok_or_else(|| {
+            DataFusionError::Internal("a trace-local join with a projection is not one".into())
+        })
     }
 }
 
@@ -516,7 +690,15 @@ impl DisplayAs for TraceLocalJoinExec {
             f,
             ", blocks={paired} read by both sides, {alone} by one, scattered traces={}",
             self.scattered.splits.len() + self.scattered.head.len()
-        )
+        )?;
+        if let Some(r) = &self.by_rank {
+            let unread = r.left_skip.len() + r.right_skip.len();
+            write!(
+                f,
+                ", children paired by parent rank ({unread} id columns unread)"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -568,6 +750,19 @@ impl ExecutionPlan for TraceLocalJoinExec {
 
     fn partition_statistics(&self, _partition: Option<usize>) -> Result<Arc<Statistics>> {
         Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+
+    /// A projection above takes the columns it reads from the join's output (as a hash join
+    /// does): the columns nobody reads are then known, and ids only the keys read go unread
+    /// (see [`ByRank`]).
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if self.join.projection.is_some() {
+            return Ok(None);
+        }
+        try_embed_projection(projection, self)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -697,6 +892,7 @@ struct Joiner {
     left_keys: Vec<Arc<dyn PhysicalExpr>>,
     right_keys: Vec<Arc<dyn PhysicalExpr>>,
     trace_key: usize,
+    by_rank: Option<ByRank>,
     scattered: Arc<Scattered>,
     join: Arc<HashJoinExec>,
     schema: SchemaRef,
@@ -728,6 +924,7 @@ impl Joiner {
             left_keys: exec.keys(JoinSide::Left),
             right_keys: exec.keys(JoinSide::Right),
             trace_key: exec.trace_key,
+            by_rank: exec.by_rank.clone(),
             scattered: exec.scattered.clone(),
             join: exec.join.clone(),
             schema: exec.schema(),
@@ -872,7 +1069,12 @@ impl Joiner {
 
     /// The output rows of pairs (left row, right row): the join's filter applied, then its
     /// projection.
-    fn output(&self, l: &Keyed, r: &Keyed, pairs: (Vec<u32>, Vec<u32>)) -> Result<RecordBatch> {
+    fn output(
+        &self,
+        l: &RecordBatch,
+        r: &RecordBatch,
+        pairs: (Vec<u32>, Vec<u32>),
+    ) -> Result<RecordBatch> {
         let (mut li, mut ri) = (UInt32Array::from(pairs.0), UInt32Array::from(pairs.1));
         if let Some(filter) = &self.join.filter
             && !li.is_empty()
@@ -881,8 +1083,8 @@ impl Joiner {
                 .column_indices()
                 .iter()
                 .map(|c| match c.side {
-                    JoinSide::Left => take(l.batch.column(c.index), &li, None),
-                    _ => take(r.batch.column(c.index), &ri, None),
+                    JoinSide::Left => take(l.column(c.index), &li, None),
+                    _ => take(r.column(c.index), &ri, None),
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let n = li.len();
@@ -905,8 +1107,8 @@ impl Joiner {
             li = arrow::compute::filter(&li, &keep)?.as_primitive().clone();
             ri = arrow::compute::filter(&ri, &keep)?.as_primitive().clone();
         }
-        let n_left = l.batch.num_columns();
-        let all: Vec<usize> = (0..n_left + r.batch.num_columns()).collect();
+        let n_left = l.num_columns();
+        let all: Vec<usize> = (0..n_left + r.num_columns()).collect();
         let wanted: &[usize] = match &self.join.projection {
             Some(p) => p,
             None => &all,
@@ -915,9 +1117,9 @@ impl Joiner {
             .iter()
             .map(|&c| {
                 if c < n_left {
-                    take(l.batch.column(c), &li, None)
+                    take(l.column(c), &li, None)
                 } else {
-                    take(r.batch.column(c - n_left), &ri, None)
+                    take(r.column(c - n_left), &ri, None)
                 }
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -932,6 +1134,21 @@ impl Joiner {
     /// aside.
     fn block(&self, pair: Pair, state: &RunState, metrics: &Metrics) -> Result<Vec<RecordBatch>> {
         let _timer = metrics.compute.timer();
+        if let (Some(rank), Some(li), Some(ri)) = (&self.by_rank, pair.left, pair.right) {
+            let (lw, rw) = (&self.left.scan.blocks()[li], &self.right.scan.blocks()[ri]);
+            let child = match rank.child {
+                JoinSide::Left => (&self.left, lw),
+                _ => (&self.right, rw),
+            };
+            let any = |w: &BlockWork| w.rows.len(w.meta.rows) > 0;
+            if any(lw)
+                && any(rw)
+                && child.0.scan.knows_parent_rows(child.1)
+                && let Some(out) = self.block_by_rank(rank, lw, rw, state, metrics)?
+            {
+                return Ok(out);
+            }
+        }
         let read = |side: &Side, i: Option<usize>| -> Result<Option<RecordBatch>> {
             let Some(i) = i else { return Ok(None) };
             let work = &side.scan.blocks()[i];
@@ -982,9 +1199,102 @@ impl Joiner {
         });
         self.set_aside(&l, l_aside, state, &state.left, metrics)?;
         self.set_aside(&r, r_aside, state, &state.right, metrics)?;
-        let out = self.output(&l, &r, pairs)?;
+        let out = self.output(&l.batch, &r.batch, pairs)?;
         metrics.output.add(out.num_rows());
         Ok(vec![out])
+    }
+
+    /// One block of a parent ↔ child join, paired by the block's parent ranks: each child
+    /// row names its parent's row, looked up among the parent side's rows (both in row
+    /// order); the rows of scattered traces are read again with their ids and set aside.
+    /// `None` when the block cannot name its rows' parents after all.
+    fn block_by_rank(
+        &self,
+        rank: &ByRank,
+        lw: &BlockWork,
+        rw: &BlockWork,
+        state: &RunState,
+        metrics: &Metrics,
+    ) -> Result<Option<Vec<RecordBatch>>> {
+        let (l, l_rows) = self.left.read_numbered(lw, &rank.left_skip)?;
+        let (r, r_rows) = self.right.read_numbered(rw, &rank.right_skip)?;
+        let (child, c_rows, c_work, p_rows) = match rank.child {
+            JoinSide::Left => (&self.left, &l_rows, lw, &r_rows),
+            _ => (&self.right, &r_rows, rw, &l_rows),
+        };
+        // the work's own set when no filter dropped a row (as when postings chose them)
+        let set = match &c_work.rows {
+            BlockRows::Set(set) if set.len() == c_rows.len() as u64 => set.clone(),
+            _ => RoaringBitmap::from_sorted_iter(c_rows.values().iter().copied())
+                .map_err(|e| DataFusionError::Internal(format!("block rows out of order: {e}")))?,
+        };
+        let Some(lineage) = child.scan.parent_rows(c_work, &set)? else {
+            return Ok(None);
+        };
+        if lineage.parents.len() != c_rows.len() {
+            return Err(DataFusionError::Internal(
+                "parent rows of a block: not the rows asked for".into(),
+            ));
+        }
+        metrics.joined.add(1);
+        let runs = &lineage.runs;
+        let scattered = |run: usize| {
+            !self.scattered.is_empty()
+                && runs
+                    .ids
+                    .get(run)
+                    .is_some_and(|t| self.scattered.contains_id(t))
+        };
+        let parents = p_rows.values();
+        let (mut c_pairs, mut p_pairs) = (Vec::new(), Vec::new());
+        let (mut c_aside, mut p_aside) = (RoaringBitmap::new(), RoaringBitmap::new());
+        let mut last = (u32::MAX, false);
+        for (i, (&run, &parent)) in lineage.of_run.iter().zip(&lineage.parents).enumerate() {
+            if run != last.0 {
+                last = (run, scattered(run as usize));
+            }
+            if last.1 {
+                c_aside.insert(c_rows.value(i));
+            } else if parent != NO_PARENT
+                && let Ok(j) = parents.binary_search(&parent)
+            {
+                c_pairs.push(i as u32);
+                p_pairs.push(j as u32);
+            }
+        }
+        if !self.scattered.is_empty() {
+            let mut run = 0usize;
+            for &row in parents.iter() {
+                while runs.starts.get(run + 1).is_some_and(|&s| s <= row) {
+                    run += 1;
+                }
+                if scattered(run) {
+                    p_aside.insert(row);
+                }
+            }
+        }
+        let (l_aside, r_aside, pairs) = match rank.child {
+            JoinSide::Left => (c_aside, p_aside, (c_pairs, p_pairs)),
+            _ => (p_aside, c_aside, (p_pairs, c_pairs)),
+        };
+        for (side, work, aside, keys, to) in [
+            (&self.left, lw, l_aside, &self.left_keys, &state.left),
+            (&self.right, rw, r_aside, &self.right_keys, &state.right),
+        ] {
+            if aside.is_empty() {
+                continue;
+            }
+            let work = BlockWork {
+                rows: BlockRows::Set(aside),
+                ..work.clone()
+            };
+            let k = self.keyed(side.read_block(&work)?, keys)?;
+            let all = (0..k.batch.num_rows() as u32).collect();
+            self.set_aside(&k, all, state, to, metrics)?;
+        }
+        let out = self.output(&l, &r, pairs)?;
+        metrics.output.add(out.num_rows());
+        Ok(Some(vec![out]))
     }
 
     fn set_aside(
@@ -1035,7 +1345,7 @@ impl Joiner {
                 Self::pair(&l, &r, ls, rs, &mut pairs);
             }
         }
-        let out = self.output(&l, &r, pairs)?;
+        let out = self.output(&l.batch, &r.batch, pairs)?;
         metrics.output.add(out.num_rows());
         Ok(vec![out])
     }

@@ -194,6 +194,9 @@ impl TraceRuns {
     }
 }
 
+/// What [`BlockReader::parent_rows`] gives a row whose parent is not in the block.
+pub const NO_PARENT: u32 = u32::MAX;
+
 /// Each of `rows` (ascending) with the index of the last of `starts` (ascending) at or before
 /// it (0 when none is): the next start is checked first (rows read in full), then the rest is
 /// searched (a few rows picked out of thousands of runs by an index).
@@ -681,6 +684,49 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
         }
         Ok(Some(children))
+    }
+
+    /// For each of `set` (ascending), the run of its trace (an index into the block's
+    /// [`TraceRuns`]) and its parent's row in this block ([`NO_PARENT`] for a root or a parent
+    /// not among its trace's rows here), from the block's parent ranks: a join of children to
+    /// parents within a block needs neither span-id column. `None` when the block has no ranks
+    /// (written before them, or a trace holds one span id twice) or no trace runs.
+    pub fn parent_rows(&self, set: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+        if self.meta.column(col::PARENT_RANK).is_none() {
+            return Ok(None);
+        }
+        let Some(runs) = self.source.trace_runs()? else {
+            return Ok(None);
+        };
+        let total = self.meta.rows;
+        let rows = if set.len() * 2 > u64::from(total) {
+            Rows::All
+        } else {
+            Rows::Set(set.clone())
+        };
+        let ranks = self.raw_ints(col::PARENT_RANK, &rows)?;
+        if ranks.len() as u64 != rows.len(total) as u64 {
+            return Err(StorageError::corrupt(
+                "block",
+                format!("{}: not the rows asked for", col::PARENT_RANK),
+            ));
+        }
+        let n = set.len() as usize;
+        let (mut of_run, mut parents) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (i, (row, run)) in run_of_each(&runs.starts, set.iter()).enumerate() {
+            let rank = match rows {
+                Rows::All => ranks[row as usize],
+                _ => ranks[i],
+            };
+            let start = runs.starts.get(run).copied().unwrap_or(0);
+            let parent = match u32::try_from(rank) {
+                Ok(r) if r > 0 && start + r - 1 < total => start + r - 1,
+                _ => NO_PARENT,
+            };
+            of_run.push(run as u32);
+            parents.push(parent);
+        }
+        Ok(Some((of_run, parents)))
     }
 
     /// Span ids of the given rows.
