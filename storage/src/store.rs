@@ -22,7 +22,7 @@ use rocksdb::{
 };
 
 use crate::block::format::{Compression, decode_postings, decode_traces, encode_traces};
-use crate::block::reader::{ChunkSource, Postings, Rows, TermRuns, TraceRuns};
+use crate::block::reader::{ChunkSource, MinorityRows, Postings, Rows, TermRuns, TraceRuns};
 use crate::block::{BlockMeta, BlockReader, TraceEntry};
 use crate::cache::Bounded;
 use crate::clock::{Clock, SystemClock};
@@ -427,6 +427,9 @@ pub struct Store {
     trace_runs: Bounded<Arc<TraceRuns>>,
     /// Term runs of postings dimensions (see [`TermRuns`]), by postings key, weighed in bytes.
     term_runs: Bounded<Option<Arc<TermRuns>>>,
+    /// Span blocks' minority rows decoded (see [`MinorityRows`]), by chunk key, weighed in
+    /// bytes: every read of a few request rows asks which rows they are.
+    minority_rows: Bounded<Arc<MinorityRows>>,
     /// Each metric block's series runs (series id, first row, rows), by block key.
     series_runs: Bounded<Arc<Vec<(u32, u32, u32)>>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
@@ -539,6 +542,7 @@ impl Store {
             postings: Bounded::new(POSTINGS_CACHE_BYTES),
             trace_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             term_runs: Bounded::new(TERM_RUNS_CACHE_BYTES),
+            minority_rows: Bounded::new(TERM_RUNS_CACHE_BYTES),
             series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             resolved: Default::default(),
@@ -2115,6 +2119,26 @@ impl ChunkSource for ChunkFetcher<'_> {
         let weight = key.len() + runs.as_ref().map_or(64, |r| r.weight());
         self.store.term_runs.insert(key, weight, runs.clone());
         Ok(runs)
+    }
+
+    fn minority_rows(&self) -> Result<Option<Arc<MinorityRows>>> {
+        let key = keys::chunk(
+            &self.tenant,
+            self.signal,
+            self.addr,
+            crate::block::writer::col::MINOR_ROWS,
+        );
+        if let Some(rows) = self.store.minority_rows.get(&key) {
+            return Ok(Some(rows));
+        }
+        let Some(bytes) = self.chunk(crate::block::writer::col::MINOR_ROWS)? else {
+            return Ok(None);
+        };
+        let rows = Arc::new(MinorityRows::of_chunk(&bytes)?);
+        self.store
+            .minority_rows
+            .insert(key.clone(), key.len() + rows.weight(), rows.clone());
+        Ok(Some(rows))
     }
 
     fn chunk(&self, column: &str) -> Result<Option<Bytes>> {

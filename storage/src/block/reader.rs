@@ -123,6 +123,11 @@ pub trait ChunkSource {
     fn postings(&self, _dim: &str) -> Result<Option<Arc<Postings>>> {
         Ok(None)
     }
+    /// The block's minority rows decoded, if the source keeps them decoded (sources that do
+    /// override this; the reader then decodes its chunk itself).
+    fn minority_rows(&self) -> Result<Option<Arc<MinorityRows>>> {
+        Ok(None)
+    }
     /// The runs of terms of one of the block's postings dimensions (see [`TermRuns`]), if its
     /// rows hold one term each; sources that keep them override this to build them once.
     fn term_runs(&self, dim: &str) -> Result<Option<Arc<TermRuns>>> {
@@ -300,7 +305,29 @@ pub struct BlockReader<'a, S: ChunkSource> {
     /// The filter of the first dense row set read (a reader mostly reads one row set).
     mask: std::sync::OnceLock<(RoaringBitmap, BooleanArray)>,
     /// The block's minority rows (its `minor_rows` chunk), once read: listed and as a set.
-    minority: std::sync::OnceLock<(Vec<i64>, RoaringBitmap)>,
+    minority: std::sync::OnceLock<Arc<MinorityRows>>,
+}
+
+/// A block's minority rows (see the writer's `minority_rows`): ascending, and as a set.
+#[derive(Debug)]
+pub struct MinorityRows {
+    pub listed: Vec<i64>,
+    pub set: RoaringBitmap,
+}
+
+impl MinorityRows {
+    /// Decoded from the block's `minor_rows` chunk.
+    pub fn of_chunk(bytes: &[u8]) -> Result<Self> {
+        let listed = packed::Packed::parse(bytes)?.all()?;
+        let set = RoaringBitmap::from_sorted_iter(listed.iter().map(|&r| r as u32))
+            .map_err(|e| StorageError::corrupt("block", format!("minority rows: {e}")))?;
+        Ok(Self { listed, set })
+    }
+
+    /// Bytes held, for a cache's budget.
+    pub fn weight(&self) -> usize {
+        self.listed.len() * 8 + self.set.serialized_size()
+    }
 }
 
 pub(crate) fn downcast<'b, T: 'static>(a: &'b ArrayRef, column: &str) -> Result<&'b T> {
@@ -410,20 +437,23 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     }
 
     /// The block's minority rows, ascending (see the writer's `minority_rows`), and as a set.
-    fn minority(&self) -> Result<&(Vec<i64>, RoaringBitmap)> {
+    fn minority(&self) -> Result<&MinorityRows> {
         if let Some(m) = self.minority.get() {
             return Ok(m);
         }
-        let rows = packed::Packed::parse(&self.required_chunk(col::MINOR_ROWS)?)?.all()?;
-        let set = RoaringBitmap::from_sorted_iter(rows.iter().map(|&r| r as u32))
-            .map_err(|e| StorageError::corrupt("block", format!("minority rows: {e}")))?;
-        Ok(self.minority.get_or_init(|| (rows, set)))
+        let rows = match self.source.minority_rows()? {
+            Some(rows) => rows,
+            None => Arc::new(MinorityRows::of_chunk(
+                &self.required_chunk(col::MINOR_ROWS)?,
+            )?),
+        };
+        Ok(self.minority.get_or_init(|| rows))
     }
 
     /// Each of `rows`' place among the minority rows, `None` for a row that is not one: only
     /// the asked rows that are minority rows are visited (a scan of token rows visits none).
     fn minority_places(&self, rows: &Rows) -> Result<Vec<Option<u32>>> {
-        let (listed, set) = self.minority()?;
+        let MinorityRows { listed, set } = self.minority()?;
         let mut places = vec![None; rows.len(self.meta.rows)];
         let hits = rows.intersect(set);
         // each hit's place among the minority rows: a walk, as both ascend
@@ -457,7 +487,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// rows that are minority rows read their places in the chunk, the others are null.
     fn minority_column(&self, name: &str, rows: &Rows, views: bool) -> Result<ArrayRef> {
         let places = self.minority_places(rows)?;
-        let total = self.minority()?.0.len() as u32;
+        let total = self.minority()?.listed.len() as u32;
         let bytes = self.required_chunk(name)?;
         let metadata = self.parquet_metadata(name, &bytes, views)?;
         let wanted = RoaringBitmap::from_sorted_iter(places.iter().flatten().copied())
@@ -901,7 +931,10 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         if set.is_empty() || self.meta.column(col::MINOR_ROWS).is_none() {
             return Ok(None);
         }
-        let (listed, minority) = self.minority()?;
+        let MinorityRows {
+            listed,
+            set: minority,
+        } = self.minority()?;
         if !set.is_subset(minority) {
             return Ok(None);
         }

@@ -193,6 +193,7 @@ impl Store {
         self.postings.retain(live);
         self.trace_runs.retain(live);
         self.term_runs.retain(live);
+        self.minority_rows.retain(live);
         self.matches.retain(live);
         let tenants: HashSet<&TenantId> = dead.iter().map(|(t, _, _)| t).collect();
         self.resolved.forget(|t| tenants.contains(t));
