@@ -683,18 +683,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             }
             of_row.push((row, runs_read.len() - 1));
         }
-        let rows = if read.len() * 2 > u64::from(total) {
-            Rows::All
-        } else {
-            Rows::Set(read.clone())
-        };
-        let ranks = self.raw_ints(col::PARENT_RANK, &rows)?;
-        if ranks.len() as u64 != rows.len(total) as u64 {
-            return Err(StorageError::corrupt(
-                "block",
-                format!("{}: not the rows asked for", col::PARENT_RANK),
-            ));
-        }
+        let (rows, ranks) = self.parent_ranks(&read)?;
         let mut children = Vec::with_capacity(set.len() as usize);
         for (row, run) in of_row {
             let (start, end, at) = runs_read[run];
@@ -716,18 +705,9 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         Ok(Some(children))
     }
 
-    /// For each of `set` (ascending), the run of its trace (an index into the block's
-    /// [`TraceRuns`]) and its parent's row in this block ([`NO_PARENT`] for a root or a parent
-    /// not among its trace's rows here), from the block's parent ranks: a join of children to
-    /// parents within a block needs neither span-id column. `None` when the block has no ranks
-    /// (written before them, or a trace holds one span id twice) or no trace runs.
-    pub fn parent_rows(&self, set: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
-        if self.meta.column(col::PARENT_RANK).is_none() {
-            return Ok(None);
-        }
-        let Some(runs) = self.source.trace_runs()? else {
-            return Ok(None);
-        };
+    /// The parent ranks of `set`'s rows, with the rows read: the whole block when `set` is
+    /// most of it (a run-length chunk decodes whole for less than a selection of many runs).
+    fn parent_ranks(&self, set: &RoaringBitmap) -> Result<(Rows, ScalarBuffer<i64>)> {
         let total = self.meta.rows;
         let rows = if set.len() * 2 > u64::from(total) {
             Rows::All
@@ -741,6 +721,23 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
                 format!("{}: not the rows asked for", col::PARENT_RANK),
             ));
         }
+        Ok((rows, ranks))
+    }
+
+    /// For each of `set` (ascending), the run of its trace (an index into the block's
+    /// [`TraceRuns`]) and its parent's row in this block ([`NO_PARENT`] for a root or a parent
+    /// not among its trace's rows here), from the block's parent ranks: a join of children to
+    /// parents within a block needs neither span-id column. `None` when the block has no ranks
+    /// (written before them, or a trace holds one span id twice) or no trace runs.
+    pub fn parent_rows(&self, set: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+        if self.meta.column(col::PARENT_RANK).is_none() {
+            return Ok(None);
+        }
+        let Some(runs) = self.source.trace_runs()? else {
+            return Ok(None);
+        };
+        let total = self.meta.rows;
+        let (rows, ranks) = self.parent_ranks(set)?;
         let n = set.len() as usize;
         let (mut of_run, mut parents) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (i, (row, run)) in run_of_each(&runs.starts, set.iter()).enumerate() {
