@@ -28,7 +28,7 @@ use crate::schema::{DEDICATED, dedicated_for};
 use crate::store::{ChunkFetcher, Store};
 
 pub use crate::block::format::{BlockMeta, TraceEntry};
-pub use crate::block::reader::{NO_PARENT, Positions, Rows, TraceRuns};
+pub use crate::block::reader::{NO_PARENT, ParentRows, Positions, Rows, TraceRuns};
 pub use crate::keys::BlockAddr;
 
 /// One span block of a tenant, read column by column for the rows asked (decoded chunks and
@@ -74,7 +74,7 @@ impl BlockView<'_> {
 
     /// Each of `rows`' trace run and parent row in the block (see
     /// [`BlockReader::parent_rows`]); `None` when the block cannot say.
-    pub fn parent_rows(&self, rows: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+    pub fn parent_rows(&self, rows: &RoaringBitmap) -> Result<Option<ParentRows>> {
         self.reader.parent_rows(rows)
     }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, StringArray,
-    StringViewArray, TimestampNanosecondArray, UInt32Array, new_null_array,
+    Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, StringArray, StringViewArray,
+    TimestampNanosecondArray, UInt32Array, new_null_array,
 };
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::filter_record_batch;
@@ -48,7 +48,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use roaring::RoaringBitmap;
 use weft_storage::scan::BlockAddr;
-use weft_storage::scan::{Rows, TraceRuns};
+use weft_storage::scan::{ParentRows, Rows};
 
 use super::pushdown::{BlockWork, ScanPlan};
 use super::tracejoin::Scattered;
@@ -110,9 +110,8 @@ pub trait ScanSource: Send + Sync + fmt::Debug + 'static {
         false
     }
     /// For each of `rows` (ascending) of a block, its trace's run and its parent's row (see
-    /// [`weft_storage::scan::BlockView::parent_rows`]), with the block's trace runs; `None`
-    /// when the block cannot say.
-    fn parent_rows(&self, _work: &BlockWork, _rows: &RoaringBitmap) -> Result<Option<Lineage>> {
+    /// [`weft_storage::scan::BlockView::parent_rows`]); `None` when the block cannot say.
+    fn parent_rows(&self, _work: &BlockWork, _rows: &RoaringBitmap) -> Result<Option<ParentRows>> {
         Ok(None)
     }
 }
@@ -136,15 +135,6 @@ fn placeholder(field: &Field, n: usize) -> Option<ArrayRef> {
         ))),
         _ => None,
     }
-}
-
-/// Where a block's rows sit among its traces: see [`ScanSource::parent_rows`].
-pub struct Lineage {
-    pub runs: Arc<TraceRuns>,
-    /// Each row's run (an index into `runs`).
-    pub of_run: Vec<u32>,
-    /// Each row's parent row, or [`weft_storage::scan::NO_PARENT`].
-    pub parents: Vec<u32>,
 }
 
 /// Rows of some traces, per block.
@@ -353,7 +343,7 @@ impl WeftScanExec {
                 })?),
             }
         }
-        let mut batch = RecordBatch::try_new_with_options(
+        let batch = RecordBatch::try_new_with_options(
             schema,
             all,
             &RecordBatchOptions::new().with_row_count(Some(n)),
@@ -365,17 +355,7 @@ impl WeftScanExec {
                 rows.len()
             )));
         }
-        for f in &self.row_filters {
-            if batch.num_rows() == 0 {
-                break;
-            }
-            let keep = f.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let keep = keep.as_boolean_opt().ok_or_else(|| {
-                DataFusionError::Internal(format!("filter {f} is not a boolean expression"))
-            })?;
-            batch = filter_record_batch(&batch, keep)?;
-            rows = arrow::compute::filter(&rows, keep)?.as_primitive().clone();
-        }
+        let batch = self.filter_rows(batch, Some(&mut rows))?;
         Ok((batch, rows))
     }
 
@@ -389,7 +369,7 @@ impl WeftScanExec {
         &self,
         work: &BlockWork,
         rows: &RoaringBitmap,
-    ) -> Result<Option<Lineage>> {
+    ) -> Result<Option<ParentRows>> {
         self.source.parent_rows(work, rows)
     }
 
@@ -436,19 +416,28 @@ impl WeftScanExec {
 
     /// A batch's rows that pass the row filters.
     fn apply_row_filters(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        self.filter_rows(batch, None)
+    }
+
+    /// [`Self::apply_row_filters`], keeping `numbers` (one per row of the batch) in step.
+    fn filter_rows(
+        &self,
+        batch: RecordBatch,
+        mut numbers: Option<&mut UInt32Array>,
+    ) -> Result<RecordBatch> {
         let mut batch = batch;
         for f in &self.row_filters {
             if batch.num_rows() == 0 {
                 break;
             }
             let keep = f.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let keep = keep
-                .as_any()
-                .downcast_ref::<BooleanArray>()
-                .ok_or_else(|| {
-                    DataFusionError::Internal(format!("filter {f} is not a boolean expression"))
-                })?;
+            let keep = keep.as_boolean_opt().ok_or_else(|| {
+                DataFusionError::Internal(format!("filter {f} is not a boolean expression"))
+            })?;
             batch = filter_record_batch(&batch, keep)?;
+            if let Some(n) = numbers.as_deref_mut() {
+                *n = arrow::compute::filter(n, keep)?.as_primitive().clone();
+            }
         }
         Ok(batch)
     }

@@ -20,14 +20,14 @@ use datafusion::physical_plan::ExecutionPlan;
 use roaring::RoaringBitmap;
 use weft_storage::Store;
 use weft_storage::model::{Event, Link, SpanRecord, TenantId, TraceId};
-use weft_storage::scan::{BlockAddr, BlockMeta, Rows};
+use weft_storage::scan::{BlockAddr, BlockMeta, ParentRows, Rows};
 use weft_storage::store::Snapshot;
 use weft_storage::summary::{SummaryBuilder, TraceSummary};
 
 use super::columns::{SpanCol, SpanColumns, list_type, map_type, storage_err, timestamp_type};
 use super::pushdown::{BlockWork, LateRows, Pushdown, ScanPlan};
 use super::request::{self, HeadRequests, RequestCell};
-use super::scan::{Lineage, ScanSource, TraceRows, WeftScanExec};
+use super::scan::{ScanSource, TraceRows, WeftScanExec};
 use super::tracejoin::Scattered;
 
 /// What every table of one query reads: the store, the tenant and one snapshot.
@@ -324,22 +324,12 @@ impl ScanSource for SpansSource {
             .block_view(&self.ctx.tenant, work.addr, &work.meta)
             .has_parent_ranks()
     }
-    fn parent_rows(&self, work: &BlockWork, rows: &RoaringBitmap) -> Result<Option<Lineage>> {
-        let view = self
-            .ctx
+    fn parent_rows(&self, work: &BlockWork, rows: &RoaringBitmap) -> Result<Option<ParentRows>> {
+        self.ctx
             .store
-            .block_view(&self.ctx.tenant, work.addr, &work.meta);
-        let Some(runs) = view.trace_runs().map_err(storage_err)? else {
-            return Ok(None);
-        };
-        Ok(view
+            .block_view(&self.ctx.tenant, work.addr, &work.meta)
             .parent_rows(rows)
-            .map_err(storage_err)?
-            .map(|(of_run, parents)| Lineage {
-                runs,
-                of_run,
-                parents,
-            }))
+            .map_err(storage_err)
     }
     fn trace_rows(&self, ids: &BTreeSet<String>) -> Result<Option<TraceRows>> {
         let ctx = &self.ctx;

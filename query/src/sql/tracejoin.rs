@@ -347,44 +347,43 @@ impl Side {
     /// not the steps, nor the join's filter or output (`used`: positions of the side's
     /// output; `None` when the join outputs every column).
     fn unread(&self, used: Option<HashSet<usize>>, candidates: &[usize]) -> Vec<usize> {
-        let Some(mut used) = used else {
-            return Vec::new();
-        };
-        for step in self.steps.iter().rev() {
-            let mut below = HashSet::new();
-            match step {
-                Step::Project(p) => {
-                    for i in &used {
-                        let Some(e) = p.expr().get(*i) else {
-                            return Vec::new();
+        // the scan's output positions read above it; `None` when a position is not one the
+        // steps know (then nothing is left unread)
+        let read = || -> Option<HashSet<usize>> {
+            let mut used = used?;
+            for step in self.steps.iter().rev() {
+                used = match step {
+                    Step::Project(p) => used
+                        .iter()
+                        .map(|&i| p.expr().get(i).map(|e| collect_columns(&e.expr)))
+                        .collect::<Option<Vec<_>>>()?
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c.index())
+                        .collect(),
+                    Step::Filter(f) => {
+                        let mut below = match f.projection() {
+                            Some(p) => used
+                                .iter()
+                                .map(|&i| p.get(i).copied())
+                                .collect::<Option<HashSet<_>>>()?,
+                            None => used,
                         };
-                        below.extend(collect_columns(&e.expr).iter().map(|c| c.index()));
+                        below.extend(collect_columns(f.predicate()).iter().map(|c| c.index()));
+                        below
                     }
-                }
-                Step::Filter(f) => {
-                    for &i in &used {
-                        match f.projection() {
-                            Some(p) => match p.get(i) {
-                                Some(&j) => {
-                                    below.insert(j);
-                                }
-                                None => return Vec::new(),
-                            },
-                            None => {
-                                below.insert(i);
-                            }
-                        }
-                    }
-                    below.extend(collect_columns(f.predicate()).iter().map(|c| c.index()));
-                }
+                };
             }
-            used = below;
+            Some(used)
+        };
+        match read() {
+            Some(used) => candidates
+                .iter()
+                .copied()
+                .filter(|c| !used.contains(c))
+                .collect(),
+            None => Vec::new(),
         }
-        candidates
-            .iter()
-            .copied()
-            .filter(|c| !used.contains(c))
-            .collect()
     }
 
     /// A batch of the scan's rows carried through the steps.
@@ -472,9 +471,8 @@ impl ByRank {
             }
             Some(used)
         };
-        let (t, _) = &join.on[trace_key];
-        let (_, rt) = &join.on[trace_key];
-        let left_keys: Vec<usize> = [t, l].iter().filter_map(|k| left.scan_column(k)).collect();
+        let (lt, rt) = &join.on[trace_key];
+        let left_keys: Vec<usize> = [lt, l].iter().filter_map(|k| left.scan_column(k)).collect();
         let right_keys: Vec<usize> = [rt, r]
             .iter()
             .filter_map(|k| right.scan_column(k))

@@ -202,6 +202,15 @@ impl TraceRuns {
 /// What [`BlockReader::parent_rows`] gives a row whose parent is not in the block.
 pub const NO_PARENT: u32 = u32::MAX;
 
+/// Where some rows of a block sit among its traces (see [`BlockReader::parent_rows`]).
+pub struct ParentRows {
+    pub runs: Arc<TraceRuns>,
+    /// Each row's run (an index into `runs`).
+    pub of_run: Vec<u32>,
+    /// Each row's parent row, or [`NO_PARENT`].
+    pub parents: Vec<u32>,
+}
+
 /// Each of `rows` (ascending) with the index of the last of `starts` (ascending) at or before
 /// it (0 when none is): the next start is checked first (rows read in full), then the rest is
 /// searched (a few rows picked out of thousands of runs by an index).
@@ -729,7 +738,7 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
     /// not among its trace's rows here), from the block's parent ranks: a join of children to
     /// parents within a block needs neither span-id column. `None` when the block has no ranks
     /// (written before them, or a trace holds one span id twice) or no trace runs.
-    pub fn parent_rows(&self, set: &RoaringBitmap) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+    pub fn parent_rows(&self, set: &RoaringBitmap) -> Result<Option<ParentRows>> {
         if self.meta.column(col::PARENT_RANK).is_none() {
             return Ok(None);
         }
@@ -753,7 +762,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
             of_run.push(run as u32);
             parents.push(parent);
         }
-        Ok(Some((of_run, parents)))
+        Ok(Some(ParentRows {
+            runs,
+            of_run,
+            parents,
+        }))
     }
 
     /// Span ids of the given rows.
