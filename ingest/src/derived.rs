@@ -122,8 +122,10 @@ struct Side {
 
 #[derive(Debug, Default)]
 struct TenantMetrics {
-    series: HashMap<Vec<u8>, Derived>,
-    /// The keys of the span-metrics series (calls, latency) of each service, span name, kind
+    /// Each series' place in `series`, by its identity ([`Series::identity`]).
+    places: HashMap<Vec<u8>, usize>,
+    series: Vec<Derived>,
+    /// The places of the span-metrics series (calls, latency) of each service, span name, kind
     /// and status seen: a span finds its two series without building their labels again.
     span_series: HashMap<String, HashMap<String, SpanSeries>>,
     /// Client sides by (trace, span id); server sides by (trace, parent span id).
@@ -131,8 +133,13 @@ struct TenantMetrics {
     servers: HashMap<(TraceId, SpanId), Side>,
 }
 
-/// The calls and latency series keys of a service's span name, by kind and status.
-type SpanSeries = Vec<(SpanKind, StatusCode, Vec<u8>, Vec<u8>)>;
+/// The places of the calls and latency series of a service's span name, by kind and status.
+type SpanSeries = Vec<(SpanKind, StatusCode, usize, usize)>;
+
+/// Within one batch, the inter-token latency series of the decode tokens under one request
+/// span (by its trace and span id) and of one service: a request's tokens find their series
+/// without building its labels again.
+type TokenSeries<'a> = HashMap<(TraceId, SpanId), (&'a str, usize)>;
 
 /// Past `max` unpaired edge sides across all tenants, the tenants holding the most drop theirs
 /// until the rest is under it (their edges still waiting are not counted; every other tenant's
@@ -185,10 +192,11 @@ impl SpanMetrics {
             .filter_map(|s| Some(((s.trace_id, s.parent_span_id?), s.end.0)))
             .collect();
         let now = Instant::now();
+        let mut tokens = TokenSeries::new();
         for s in spans {
             t.span_metrics(s);
             t.service_graph(s, now);
-            t.llm(s, &by_id, &prefills);
+            t.llm(s, &by_id, &prefills, &mut tokens);
         }
         bound_pending_total(&mut tenants, self.max_pending);
     }
@@ -206,7 +214,7 @@ impl SpanMetrics {
                     t.servers.retain(|_, s| expired(s));
                     let mut series = Vec::new();
                     let mut points = Vec::new();
-                    for d in t.series.values_mut().filter(|d| d.dirty) {
+                    for d in t.series.iter_mut().filter(|d| d.dirty) {
                         d.dirty = false;
                         let (value, exemplars) = match &d.state {
                             State::Counter(c) => (PointValue::Number(*c), Vec::new()),
@@ -322,24 +330,36 @@ fn attr_number(s: &SpanRecord, keys: &[&str]) -> Option<f64> {
 }
 
 impl TenantMetrics {
-    fn entry(&mut self, series: Series, make: impl FnOnce() -> State) -> &mut Derived {
+    /// The place of a series, added (with its state from `make`) when new.
+    fn place(&mut self, series: Series, make: impl FnOnce() -> State) -> usize {
         let key = series.identity();
-        let d = self.series.entry(key).or_insert_with(|| Derived {
+        if let Some(&i) = self.places.get(&key) {
+            return i;
+        }
+        self.series.push(Derived {
             series,
             state: make(),
             dirty: true,
         });
-        d.dirty = true;
-        d
+        self.places.insert(key, self.series.len() - 1);
+        self.series.len() - 1
     }
 
     fn count(&mut self, name: &str, labels: Vec<(String, String)>, by: f64) {
-        let series = counter_series(name, labels);
-        if let State::Counter(c) = &mut self.entry(series, || State::Counter(0.0)).state {
+        let i = self.place(counter_series(name, labels), || State::Counter(0.0));
+        self.add_at(i, by);
+    }
+
+    fn add_at(&mut self, i: usize, by: f64) {
+        let d = &mut self.series[i];
+        d.dirty = true;
+        if let State::Counter(c) = &mut d.state {
             *c += by;
         }
     }
 
+    /// Observes `v` in a histogram series; returns its place (none when `v` is not a
+    /// duration or count: negative or not finite).
     fn observe(
         &mut self,
         name: &str,
@@ -348,12 +368,22 @@ impl TenantMetrics {
         bounds: &'static [f64],
         v: f64,
         span: &SpanRecord,
-    ) {
+    ) -> Option<usize> {
+        if !v.is_finite() || v < 0.0 {
+            return None;
+        }
+        let series = histogram_series(name, unit, labels);
+        let i = self.place(series, || State::Histogram(Histogram::new(bounds)));
+        self.observe_at(i, v, span);
+        Some(i)
+    }
+
+    fn observe_at(&mut self, i: usize, v: f64, span: &SpanRecord) {
         if !v.is_finite() || v < 0.0 {
             return;
         }
-        let series = histogram_series(name, unit, labels);
-        let d = self.entry(series, || State::Histogram(Histogram::new(bounds)));
+        let d = &mut self.series[i];
+        d.dirty = true;
         if let State::Histogram(h) = &mut d.state {
             h.observe(v, span);
         }
@@ -369,22 +399,9 @@ impl TenantMetrics {
                 keys.iter()
                     .find(|(kind, status, _, _)| *kind == s.kind && *status == s.status_code)
             });
-        if let Some((_, _, calls, latency)) = known {
-            if let Some(d) = self.series.get_mut(calls) {
-                d.dirty = true;
-                if let State::Counter(c) = &mut d.state {
-                    *c += 1.0;
-                }
-            }
-            if let Some(d) = self.series.get_mut(latency)
-                && seconds.is_finite()
-                && seconds >= 0.0
-            {
-                d.dirty = true;
-                if let State::Histogram(h) = &mut d.state {
-                    h.observe(seconds, s);
-                }
-            }
+        if let Some(&(_, _, calls, latency)) = known {
+            self.add_at(calls, 1.0);
+            self.observe_at(latency, seconds, s);
             return;
         }
         let labels = sorted(vec![
@@ -393,18 +410,17 @@ impl TenantMetrics {
             ("span_kind".into(), kind_label(s.kind).to_owned()),
             ("status_code".into(), status_label(s.status_code).to_owned()),
         ]);
-        let calls = counter_series("traces_spanmetrics_calls", labels.clone()).identity();
-        // no unit: Tempo's names carry none (`traces_spanmetrics_latency_bucket`)
-        let latency = histogram_series("traces_spanmetrics_latency", "", labels.clone()).identity();
-        self.count("traces_spanmetrics_calls", labels.clone(), 1.0);
-        self.observe(
-            "traces_spanmetrics_latency",
-            "",
-            labels,
-            LATENCY_BUCKETS,
-            seconds,
-            s,
+        let calls = self.place(
+            counter_series("traces_spanmetrics_calls", labels.clone()),
+            || State::Counter(0.0),
         );
+        // no unit: Tempo's names carry none (`traces_spanmetrics_latency_bucket`)
+        let latency = self.place(
+            histogram_series("traces_spanmetrics_latency", "", labels),
+            || State::Histogram(Histogram::new(LATENCY_BUCKETS)),
+        );
+        self.add_at(calls, 1.0);
+        self.observe_at(latency, seconds, s);
         self.span_series
             .entry(s.service_name().to_owned())
             .or_default()
@@ -486,51 +502,77 @@ impl TenantMetrics {
         );
     }
 
-    /// The LLM dimensions of a span, from it or the nearest ancestor in the batch that has any.
-    fn dims(s: &SpanRecord, by_id: &ById<'_>) -> Option<Vec<(String, String)>> {
+    /// The span itself or its nearest ancestor in the batch (at most 8 up) that carries any
+    /// LLM dimension.
+    fn carrier<'a>(s: &'a SpanRecord, by_id: &ById<'a>) -> Option<&'a SpanRecord> {
         let mut current = s;
         for _ in 0..8 {
-            let found: Vec<(String, String)> = LLM_DIMS
+            let carries = LLM_DIMS
                 .iter()
-                .filter_map(|k| {
-                    current
-                        .attribute(k)
-                        .and_then(Value::text)
-                        .map(|v| (k.to_string(), v))
-                })
-                .collect();
-            if !found.is_empty() {
-                let mut labels = found;
-                labels.push(("service.name".into(), s.service_name().to_owned()));
-                return Some(sorted(labels));
+                .any(|k| current.attribute(k).is_some_and(|v| *v != Value::Empty));
+            if carries {
+                return Some(current);
             }
             current = by_id.get(&(current.trace_id, current.parent_span_id?))?;
         }
         None
     }
 
-    fn llm(
+    /// The labels of `s`'s LLM series: the dimensions of its carrier, and `s`'s service.
+    fn labels(s: &SpanRecord, carrier: &SpanRecord) -> Vec<(String, String)> {
+        let mut labels: Vec<(String, String)> = LLM_DIMS
+            .iter()
+            .filter_map(|k| {
+                carrier
+                    .attribute(k)
+                    .and_then(Value::text)
+                    .map(|v| (k.to_string(), v))
+            })
+            .collect();
+        labels.push(("service.name".into(), s.service_name().to_owned()));
+        sorted(labels)
+    }
+
+    /// The LLM dimensions of a span, from it or the nearest ancestor in the batch that has any.
+    fn dims(s: &SpanRecord, by_id: &ById<'_>) -> Option<Vec<(String, String)>> {
+        Some(Self::labels(s, Self::carrier(s, by_id)?))
+    }
+
+    fn llm<'a>(
         &mut self,
-        s: &SpanRecord,
-        by_id: &ById<'_>,
+        s: &'a SpanRecord,
+        by_id: &ById<'a>,
         prefills: &HashMap<(TraceId, SpanId), u64>,
+        tokens: &mut TokenSeries<'a>,
     ) {
         let decode_token = s.name == "llm.decode.token" || s.attribute("llm.token.index").is_some();
         if decode_token {
-            let Some(labels) = Self::dims(s, by_id) else {
+            let Some(carrier) = Self::carrier(s, by_id) else {
                 return;
             };
             let latency = attr_number(s, &["llm.token.latency_ms"])
                 .map(|ms| ms / 1000.0)
                 .unwrap_or(s.duration_ns() as f64 / 1e9);
-            self.observe(
-                "llm.inter_token_latency",
-                "s",
-                labels,
-                ITL_BUCKETS,
-                latency,
-                s,
-            );
+            let key = (carrier.trace_id, carrier.span_id);
+            match tokens.get(&key) {
+                Some(&(service, i)) if service == s.service_name() => {
+                    self.observe_at(i, latency, s);
+                }
+                _ => {
+                    let labels = Self::labels(s, carrier);
+                    let placed = self.observe(
+                        "llm.inter_token_latency",
+                        "s",
+                        labels,
+                        ITL_BUCKETS,
+                        latency,
+                        s,
+                    );
+                    if let Some(i) = placed {
+                        tokens.insert(key, (s.service_name(), i));
+                    }
+                }
+            }
             return;
         }
         let request = s.name == "llm.generate"

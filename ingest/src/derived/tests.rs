@@ -109,6 +109,19 @@ fn span_metrics_service_graph_and_llm_latencies_match_the_spans() {
             trace == 3,
         ));
     }
+    // a token of trace 1 recorded by another service: its series has that service, not the
+    // one the request's other tokens found first
+    let mut sidecar = span(
+        1,
+        99,
+        Some(2),
+        "sidecar",
+        "llm.decode.token",
+        SpanKind::Internal,
+        20,
+    );
+    sidecar.attributes = vec![KeyValue::new("llm.token.latency_ms", Value::Double(40.0))];
+    all.push(sidecar);
     // the client side of trace 4 arrives in a later request than its server side
     let late: Vec<SpanRecord> = all
         .iter()
@@ -204,13 +217,21 @@ fn span_metrics_service_graph_and_llm_latencies_match_the_spans() {
     };
     assert!((sum.unwrap() - 2.0 * 0.15).abs() < 1e-9);
     // inter-token latency from the tokens' own attribute, with their request's dimensions
-    let PointValue::Histogram { count, sum, .. } =
-        find("llm.inter_token_latency", &[("worker.id", "w-1")])
-    else {
+    let PointValue::Histogram { count, sum, .. } = find(
+        "llm.inter_token_latency",
+        &[("worker.id", "w-1"), ("service.name", "engine")],
+    ) else {
         panic!()
     };
     assert_eq!(*count, 10);
     assert!((sum.unwrap() - 0.25).abs() < 1e-9);
+    let PointValue::Histogram { count, sum, .. } = find(
+        "llm.inter_token_latency",
+        &[("worker.id", "w-1"), ("service.name", "sidecar")],
+    ) else {
+        panic!()
+    };
+    assert_eq!((*count, *sum), (1, Some(0.04)));
     let PointValue::Histogram { sum, .. } = find(
         "gen_ai.client.token.usage",
         &[("gen_ai.token.type", "input"), ("worker.id", "w-2")],
