@@ -417,18 +417,19 @@ pub fn encode_chunk_with(array: &ArrayRef, enc: Enc, compression: Compression) -
     if compression == Compression::None {
         return Ok(write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, true)?.0);
     }
-    let zstd = ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
-    let (out, metadata) = write_parquet_chunk(array, enc, zstd, false)?;
-    let sizes = metadata.row_groups().iter().flat_map(|g| g.columns());
-    let (compressed, raw) = sizes.fold((0, 0), |(c, r), column| {
-        (c + column.compressed_size(), r + column.uncompressed_size())
-    });
-    if compressed * 10 > raw * 9 {
-        // zstd saves less than a tenth (dictionary keys of a few values, random ids): stored
-        // uncompressed, a chunk reads without creating a codec (zstd contexts) per read
-        return Ok(write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, false)?.0);
+    // Written plain first: most chunks (dictionary keys of a few values, random ids) do not
+    // compress, and writing a chunk costs a dictionary lookup per row, so a chunk is written
+    // a second time, with zstd, only when zstd over its plain bytes saves a tenth. Such chunks
+    // are stored compressed if the pages compressed one by one still save a tenth; the rest
+    // stay plain, so that a read creates no codec (zstd contexts).
+    let (plain, _) = write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, false)?;
+    let pays = |compressed: usize| compressed * 10 <= plain.len() * 9;
+    if !zstd::bulk::compress(&plain, ZSTD_LEVEL).is_ok_and(|z| pays(z.len())) {
+        return Ok(plain);
     }
-    Ok(out)
+    let zstd = ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
+    let (out, _) = write_parquet_chunk(array, enc, zstd, false)?;
+    Ok(if pays(out.len()) { out } else { plain })
 }
 
 /// Column chunks by column name.

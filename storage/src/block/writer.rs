@@ -118,13 +118,13 @@ impl TypedBuilder {
         true
     }
 
-    fn append_null(&mut self) {
+    fn append_nulls(&mut self, n: usize) {
         match self {
-            Self::Str(b) => b.append_null(),
-            Self::Int(b) => b.append_null(),
-            Self::Double(b) => b.append_null(),
-            Self::Bool(b) => b.append_null(),
-            Self::StrList(b) => b.append(false),
+            Self::Str(b) => b.append_nulls(n),
+            Self::Int(b) => b.append_nulls(n),
+            Self::Double(b) => b.append_nulls(n),
+            Self::Bool(b) => b.append_nulls(n),
+            Self::StrList(b) => b.append_nulls(n),
         }
     }
 
@@ -140,31 +140,41 @@ impl TypedBuilder {
     }
 }
 
-/// An attribute column being filled, with the slot of the current row.
+/// An attribute column being filled. Rows without a value are appended as nulls when a later
+/// row offers one (or at the end), not one by one: most columns are set on few rows.
 struct AttrColumn {
     builder: TypedBuilder,
-    filled: bool,
+    /// Rows appended so far, values and nulls.
+    rows: usize,
 }
 
 impl AttrColumn {
     fn new(ty: ColumnType) -> Self {
         Self {
             builder: TypedBuilder::new(ty),
-            filled: false,
+            rows: 0,
         }
     }
-    fn offer(&mut self, v: &Value) -> bool {
-        if self.filled {
-            return false; // a repeated key in one span keeps its second value in the map
+
+    /// Offers `row`'s value; false (nothing stored) when it is not of the column's type or the
+    /// row has a value already (a repeated key in one span keeps its second value in the map).
+    fn offer(&mut self, row: usize, v: &Value) -> bool {
+        if self.rows > row {
+            return false;
         }
-        self.filled = self.builder.try_append(v);
-        self.filled
+        self.builder.append_nulls(row - self.rows);
+        self.rows = row;
+        if self.builder.try_append(v) {
+            self.rows += 1;
+            return true;
+        }
+        false
     }
-    fn end_row(&mut self) {
-        if !self.filled {
-            self.builder.append_null();
-        }
-        self.filled = false;
+
+    /// The column over `rows` rows, and its encoding.
+    fn finish(mut self, rows: usize) -> (ArrayRef, Enc) {
+        self.builder.append_nulls(rows - self.rows);
+        self.builder.finish()
     }
 }
 
@@ -345,7 +355,7 @@ pub fn build_block_with(
         let mut longs: Vec<&KeyValue> = Vec::new();
         for kv in &span.attributes {
             if let Some((i, via_alias)) = dedicated_for(&kv.key)
-                && dedicated[i].offer(&kv.value)
+                && dedicated[i].offer(row as usize, &kv.value)
             {
                 if via_alias {
                     alias_mask |= 1 << i;
@@ -361,13 +371,11 @@ pub fn build_block_with(
                 longs.push(kv);
             } else if !dynamic_index
                 .get(kv.key.as_str())
-                .is_some_and(|&i| dynamic_cols[i].offer(&kv.value))
+                .is_some_and(|&i| dynamic_cols[i].offer(row as usize, &kv.value))
             {
                 rest.push(kv);
             }
         }
-        dedicated.iter_mut().for_each(AttrColumn::end_row);
-        dynamic_cols.iter_mut().for_each(AttrColumn::end_row);
         append_blob(&mut other, rest.is_empty(), |w| write_kv_refs(w, &rest));
         append_blob(&mut long, longs.is_empty(), |w| write_kv_refs(w, &longs));
 
@@ -504,12 +512,12 @@ pub fn build_block_with(
         }
     }
     for (d, c) in DEDICATED.iter().zip(dedicated) {
-        let (array, enc) = c.builder.finish();
+        let (array, enc) = c.finish(n);
         let name = format!("{}{}", col::DEDICATED_PREFIX, d.name);
         push(name, Some(d.ty), ColumnKind::Dedicated, array, enc)?;
     }
     for ((key, ty), c) in dynamic.iter().zip(dynamic_cols) {
-        let (array, enc) = c.builder.finish();
+        let (array, enc) = c.finish(n);
         let name = format!("{}{}", col::DYNAMIC_PREFIX, key);
         push(name, Some(*ty), ColumnKind::Dynamic, array, enc)?;
     }
