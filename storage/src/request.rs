@@ -87,9 +87,8 @@ pub fn resolve_with<'a>(spans: &[&'a SpanRecord], places: &[ParentPlace]) -> Vec
     for (i, span) in spans.iter().enumerate() {
         for kv in &span.attributes {
             if let Some((col, _)) = dedicated_for(&kv.key)
-                && let Some(slot) = slot_of(col)
+                && let Some(slot) = request_slot(col, &kv.value)
                 && values[i * d + slot].is_none()
-                && ColumnType::of(&kv.value) == Some(DEDICATED[col].ty)
             {
                 values[i * d + slot] = Some(&kv.value);
             }
@@ -197,6 +196,13 @@ pub fn resolve_places<T: Copy>(
         }
     }
     open
+}
+
+/// The slot among [`request_dims`] that a value of dedicated column `col` fills: `col` is a
+/// request dimension and the value is of its type. A span's own value of a dimension is the
+/// first of its attributes that fills the dimension's slot.
+pub fn request_slot(col: usize, value: &Value) -> Option<usize> {
+    slot_of(col).filter(|_| ColumnType::of(value) == Some(DEDICATED[col].ty))
 }
 
 /// The slot among [`request_dims`] of dedicated column `col`, if it is one.

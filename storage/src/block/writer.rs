@@ -178,12 +178,24 @@ impl AttrColumn {
     }
 }
 
+/// The dedicated column of each attribute of each row (rows in order, each row's attributes
+/// in order), and whether it is named by its alias: looked up once per block.
+fn classify(rows: &[&SpanRecord]) -> Vec<Option<(usize, bool)>> {
+    rows.iter()
+        .flat_map(|r| &r.attributes)
+        .map(|kv| dedicated_for(&kv.key))
+        .collect()
+}
+
 /// Picks the dynamic columns of a block: the most frequent plain attribute keys, typed by
 /// their most frequent value type.
-fn choose_dynamic(rows: &[&SpanRecord]) -> Vec<(String, ColumnType)> {
+fn choose_dynamic(
+    rows: &[&SpanRecord],
+    classes: &[Option<(usize, bool)>],
+) -> Vec<(String, ColumnType)> {
     let mut counts: HashMap<(&str, ColumnType), usize> = HashMap::default();
-    for kv in rows.iter().flat_map(|r| &r.attributes) {
-        if dedicated_for(&kv.key).is_some() || is_long(&kv.key, &kv.value) {
+    for (kv, class) in rows.iter().flat_map(|r| &r.attributes).zip(classes) {
+        if class.is_some() || is_long(&kv.key, &kv.value) {
             continue;
         }
         if let Some(ty) = ColumnType::of(&kv.value).filter(|t| *t != ColumnType::StrList) {
@@ -295,7 +307,8 @@ pub fn build_block_with(
     compression: Compression,
 ) -> Result<BuiltBlock> {
     rows.sort_by_key(|s| (s.trace_id, s.start, s.span_id));
-    let dynamic = choose_dynamic(&rows);
+    let classes = classify(&rows);
+    let dynamic = choose_dynamic(&rows, &classes);
     let dynamic_index: HashMap<&str, usize> = dynamic
         .iter()
         .enumerate()
@@ -324,6 +337,10 @@ pub fn build_block_with(
         .map(|_| Int64Builder::with_capacity(n))
         .collect();
     let mut postings = Postings::default();
+    // each row's own values of the request dimensions, row-major
+    let d = request::request_dims().len();
+    let mut request_values: Vec<Option<&Value>> = vec![None; n * d];
+    let mut classes = classes.into_iter();
 
     let (mut min_start, mut max_start, mut max_end) = (u64::MAX, 0, 0);
     for (row, span) in rows.iter().enumerate() {
@@ -354,7 +371,13 @@ pub fn build_block_with(
         let mut rest: Vec<&KeyValue> = Vec::new();
         let mut longs: Vec<&KeyValue> = Vec::new();
         for kv in &span.attributes {
-            if let Some((i, via_alias)) = dedicated_for(&kv.key)
+            let class = classes.next().flatten();
+            if let Some((i, _)) = class
+                && let Some(slot) = request::request_slot(i, &kv.value)
+            {
+                request_values[row as usize * d + slot].get_or_insert(&kv.value);
+            }
+            if let Some((i, via_alias)) = class
                 && dedicated[i].offer(row as usize, &kv.value)
             {
                 if via_alias {
@@ -401,7 +424,7 @@ pub fn build_block_with(
 
     let traces = trace_entries(&rows);
     let (places, unique) = parent_places(&rows, &traces);
-    add_request_postings(&mut postings, &rows, &traces, &places);
+    add_request_postings(&mut postings, &traces, &places, &mut request_values);
 
     let mut ints = ints
         .into_iter()
@@ -722,15 +745,18 @@ fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
 /// when empty, which tells a reader the block has request postings.
 fn add_request_postings(
     postings: &mut Postings,
-    rows: &[&SpanRecord],
     traces: &[TraceEntry],
     places: &[ParentPlace],
+    values: &mut [Option<&Value>],
 ) {
     let dims = request::request_dims();
-    // per dimension, the run being extended: its term and first row
-    let mut runs: Vec<Option<(String, u32)>> = vec![None; dims.len()];
+    let d = dims.len();
+    // per dimension, the run being extended: its term and first row, and the value last seen
+    // (a row whose value is that same one, inherited from the same ancestor, extends the run
+    // without its term being made again)
+    let mut runs: Vec<Option<(String, u32)>> = vec![None; d];
+    let mut last: Vec<Option<&Value>> = vec![None; d];
     let mut open: Option<u32> = None;
-    let mut row = 0u32;
     let end_run = |postings: &mut Postings, d: usize, run: Option<(String, u32)>, end: u32| {
         if let Some((term, first)) = run {
             postings.add_range(request::request_dim_name(d).to_owned(), term, first..end);
@@ -738,15 +764,28 @@ fn add_request_postings(
     };
     for t in traces {
         let run = t.row_start as usize..(t.row_start + t.rows) as usize;
-        for resolved in request::resolve_with(&rows[run.clone()], &places[run]) {
-            for (slot, &d) in dims.iter().enumerate() {
-                let term = resolved.values[slot].and_then(Value::as_term);
+        let in_run = &mut values[run.start * d..run.end * d];
+        let opens = request::resolve_places(&places[run.clone()], in_run, d);
+        for (i, is_open) in run.zip(opens) {
+            let row = i as u32;
+            for (slot, &dim) in dims.iter().enumerate() {
+                let value = values[i * d + slot];
+                let same = match (value, last[slot]) {
+                    (Some(a), Some(b)) => std::ptr::eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if same {
+                    continue;
+                }
+                last[slot] = value;
+                let term = value.and_then(Value::as_term);
                 if runs[slot].as_ref().map(|(t, _)| t) != term.as_ref() {
-                    end_run(postings, d, runs[slot].take(), row);
+                    end_run(postings, dim, runs[slot].take(), row);
                     runs[slot] = term.map(|t| (t, row));
                 }
             }
-            match (resolved.open, open) {
+            match (is_open, open) {
                 (true, None) => open = Some(row),
                 (false, Some(first)) => {
                     postings.add_range(OPEN_DIM.into(), OPEN_TERM.into(), first..row);
@@ -754,14 +793,14 @@ fn add_request_postings(
                 }
                 _ => {}
             }
-            row += 1;
         }
     }
-    for (slot, &d) in dims.iter().enumerate() {
-        end_run(postings, d, runs[slot].take(), row);
+    let rows = traces.last().map_or(0, |t| t.row_start + t.rows);
+    for (slot, &dim) in dims.iter().enumerate() {
+        end_run(postings, dim, runs[slot].take(), rows);
     }
     if let Some(first) = open {
-        postings.add_range(OPEN_DIM.into(), OPEN_TERM.into(), first..row);
+        postings.add_range(OPEN_DIM.into(), OPEN_TERM.into(), first..rows);
     }
     postings
         .0
