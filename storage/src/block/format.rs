@@ -42,7 +42,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::basic::{Compression as ParquetCompression, Encoding, ZstdLevel};
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use parquet::file::metadata::PageIndexPolicy;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use roaring::RoaringBitmap;
 
@@ -415,20 +415,20 @@ pub fn encode_chunk_with(array: &ArrayRef, enc: Enc, compression: Compression) -
         return Ok(super::packed::encode(ints.values(), PAGE_ROWS));
     }
     if compression == Compression::None {
-        return Ok(write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, true)?.0);
+        return write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, true);
     }
     // Written plain first: most chunks (dictionary keys of a few values, random ids) do not
     // compress, and writing a chunk costs a dictionary lookup per row, so a chunk is written
     // a second time, with zstd, only when zstd over its plain bytes saves a tenth. Such chunks
     // are stored compressed if the pages compressed one by one still save a tenth; the rest
     // stay plain, so that a read creates no codec (zstd contexts).
-    let (plain, _) = write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, false)?;
+    let plain = write_parquet_chunk(array, enc, ParquetCompression::UNCOMPRESSED, false)?;
     let pays = |compressed: usize| compressed * 10 <= plain.len() * 9;
     if !zstd::bulk::compress(&plain, ZSTD_LEVEL).is_ok_and(|z| pays(z.len())) {
         return Ok(plain);
     }
     let zstd = ParquetCompression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?);
-    let (out, _) = write_parquet_chunk(array, enc, zstd, false)?;
+    let out = write_parquet_chunk(array, enc, zstd, false)?;
     Ok(if pays(out.len()) { out } else { plain })
 }
 
@@ -463,7 +463,7 @@ fn write_parquet_chunk(
     enc: Enc,
     compression: ParquetCompression,
     verbatim: bool,
-) -> Result<(Vec<u8>, ParquetMetaData)> {
+) -> Result<Vec<u8>> {
     let field = Field::new("v", array.data_type().clone(), true);
     let schema = Arc::new(Schema::new(vec![field]));
     let mut props = WriterProperties::builder()
@@ -503,8 +503,8 @@ fn write_parquet_chunk(
     let mut out = Vec::with_capacity(1024);
     let mut writer = ArrowWriter::try_new_with_options(&mut out, schema.clone(), options)?;
     writer.write(&RecordBatch::try_new(schema, vec![array.clone()])?)?;
-    let metadata = writer.close()?;
-    Ok((out, metadata))
+    writer.close()?;
+    Ok(out)
 }
 
 /// Parses a chunk's footer and page locations.
