@@ -432,6 +432,9 @@ pub struct Store {
     minority_rows: Bounded<Arc<MinorityRows>>,
     /// Each metric block's series runs (series id, first row, rows), by block key.
     series_runs: Bounded<Arc<Vec<(u32, u32, u32)>>>,
+    /// Metric blocks' times, start times and values decoded, by block key, weighed in bytes:
+    /// PromQL reads the same few blocks at every query and step.
+    metric_points: Bounded<Arc<metrics::DecodedPoints>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
     /// Split traces' request values, resolved over the current blocks.
@@ -465,6 +468,8 @@ const FOOTER_CACHE_ENTRIES: usize = 16_384;
 pub const CHUNK_CACHE_BYTES: usize = 128 << 20;
 /// Encoded bytes of the postings kept decoded in memory.
 pub const POSTINGS_CACHE_BYTES: usize = 64 << 20;
+/// Bytes of decoded metric points (see [`metrics::DecodedPoints`]) kept in memory.
+pub const METRIC_POINTS_CACHE_BYTES: usize = 64 << 20;
 /// Blocks whose trace runs are kept in memory (20 bytes a trace).
 const TRACE_RUNS_CACHE_ENTRIES: usize = 4_096;
 /// Bytes of term runs (see [`TermRuns`]) kept in memory.
@@ -544,6 +549,7 @@ impl Store {
             term_runs: Bounded::new(TERM_RUNS_CACHE_BYTES),
             minority_rows: Bounded::new(TERM_RUNS_CACHE_BYTES),
             series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
+            metric_points: Bounded::new(METRIC_POINTS_CACHE_BYTES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             resolved: Default::default(),
             stats: StoreStats::default(),

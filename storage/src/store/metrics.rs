@@ -16,6 +16,59 @@ use super::*;
 use crate::block::metrics::{self, MetricColumns, col};
 use crate::model::{Series, SeriesId};
 
+/// A metric block's points decoded: rows sorted by (series, time), found by series run.
+#[derive(Debug)]
+pub struct DecodedPoints {
+    runs: Arc<Vec<(u32, u32, u32)>>,
+    times: arrow::buffer::ScalarBuffer<i64>,
+    starts: arrow::buffer::ScalarBuffer<i64>,
+    values: arrow::array::Float64Array,
+}
+
+impl DecodedPoints {
+    fn weight(&self) -> usize {
+        self.times.len() * 25 + self.runs.len() * 12
+    }
+
+    /// Appends (series, time, start, value) of the given series' points with a value in
+    /// `from..=to`, by series then time.
+    fn values_into(
+        &self,
+        series: &RoaringBitmap,
+        from: Option<u64>,
+        to: Option<u64>,
+        out: &mut Vec<(SeriesId, u64, u64, f64)>,
+    ) {
+        let (Some(first), Some(last)) = (self.runs.first(), self.runs.last()) else {
+            return;
+        };
+        let mut next = 0;
+        for s in series.range(first.0..=last.0) {
+            next += self.runs[next..].partition_point(|r| r.0 < s);
+            let Some(&(id, start, len)) = self.runs.get(next) else {
+                return;
+            };
+            if id != s {
+                continue;
+            }
+            let (start, end) = (start as usize, (start + len) as usize);
+            let times = &self.times[start..end];
+            let lo = start + from.map_or(0, |f| times.partition_point(|t| (*t as u64) < f));
+            let hi = start + to.map_or(times.len(), |e| times.partition_point(|t| *t as u64 <= e));
+            for i in lo..hi {
+                if arrow::array::Array::is_valid(&self.values, i) {
+                    out.push((
+                        s,
+                        self.times[i] as u64,
+                        self.starts[i] as u64,
+                        self.values.value(i),
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// One tenant's series. Ids are given in order; a series whose points have all gone with
 /// retention is deleted ([`Store::forget_series`]) and leaves a gap.
 #[derive(Debug, Default)]
@@ -515,8 +568,9 @@ impl Store {
     }
 
     /// The (series, time, start time, value) of the number points (gauges and sums) of some
-    /// series in a time range, sorted by series and time, each (series, time) once: only the
-    /// series, time, start time and value columns of their rows are read.
+    /// series in a time range, sorted by series and time, each (series, time) once. Blocks
+    /// are read through their decoded points ([`DecodedPoints`], cached), each series' rows
+    /// found by its run and narrowed to the range by binary search.
     pub fn metric_values(
         &self,
         tenant: &TenantId,
@@ -532,27 +586,26 @@ impl Store {
             columns: vec![col::START_TIME, col::VALUE],
         };
         let mut out = Vec::new();
-        for b in self.scan_metrics(tenant, snapshot, &scan)? {
-            let ids = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .ok_or_else(|| StorageError::corrupt("metric block", "series column type"))?;
-            let times = b
-                .column(1)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .ok_or_else(|| StorageError::corrupt("metric block", "time column type"))?;
-            let starts = b
-                .column(2)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .ok_or_else(|| StorageError::corrupt("metric block", "start column type"))?;
+        for (addr, meta) in snapshot.blocks.iter() {
+            if scan.overlaps(meta) {
+                let points = self.decoded_points(tenant, *addr, meta)?;
+                points.values_into(series, from, to, &mut out);
+            }
+        }
+        if let Some(b) = self.head_metric_columns(snapshot, &scan)? {
+            let ints = |i: usize| {
+                b.column(i)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>()
+                    .cloned()
+                    .ok_or_else(|| StorageError::corrupt("metric head", "integer column type"))
+            };
+            let (ids, times, starts) = (ints(0)?, ints(1)?, ints(2)?);
             let values = b
                 .column(3)
                 .as_any()
                 .downcast_ref::<arrow::array::Float64Array>()
-                .ok_or_else(|| StorageError::corrupt("metric block", "value column type"))?;
+                .ok_or_else(|| StorageError::corrupt("metric head", "value column type"))?;
             out.reserve(b.num_rows());
             for i in 0..b.num_rows() {
                 if arrow::array::Array::is_valid(values, i) {
@@ -572,6 +625,45 @@ impl Store {
             out.dedup_by_key(|p| (p.0, p.1));
         }
         Ok(out)
+    }
+
+    /// A metric block's points decoded whole, read once per block while the cache keeps them.
+    fn decoded_points(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+    ) -> Result<Arc<DecodedPoints>> {
+        let key = keys::block_key(tenant, Signal::Metrics, keys::META, addr);
+        if let Some(points) = self.metric_points.get(&key) {
+            return Ok(points);
+        }
+        let runs = self.series_runs_of(tenant, addr, meta)?;
+        let reader = self.reader_of(tenant, Signal::Metrics, addr, meta);
+        let times = reader.ints(col::TIME, &Rows::All)?;
+        let starts = reader.ints(col::START_TIME, &Rows::All)?;
+        let values = reader
+            .required(col::VALUE, &Rows::All)?
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .cloned()
+            .ok_or_else(|| StorageError::corrupt("metric block", "value column type"))?;
+        let rows = meta.rows as usize;
+        if times.len() != rows || starts.len() != rows || values.len() != rows {
+            return Err(StorageError::corrupt(
+                "metric block",
+                format!("{rows} rows but columns of other lengths"),
+            ));
+        }
+        let points = Arc::new(DecodedPoints {
+            runs,
+            times,
+            starts,
+            values,
+        });
+        self.metric_points
+            .insert(key, points.weight(), points.clone());
+        Ok(points)
     }
 
     /// Whole points of a snapshot in a time range, of the given series (all when `None`),

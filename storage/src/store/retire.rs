@@ -194,6 +194,8 @@ impl Store {
         self.trace_runs.retain(live);
         self.term_runs.retain(live);
         self.minority_rows.retain(live);
+        self.series_runs.retain(live);
+        self.metric_points.retain(live);
         self.matches.retain(live);
         let tenants: HashSet<&TenantId> = dead.iter().map(|(t, _, _)| t).collect();
         self.resolved.forget(|t| tenants.contains(t));
