@@ -209,11 +209,31 @@ fn seconds(ms: i64) -> Value {
 
 fn write_seconds(out: &mut String, ms: i64) {
     use std::fmt::Write;
-    let _ = if ms % 1000 == 0 {
-        write!(out, "{}", ms / 1000)
+    if ms % 1000 == 0 {
+        push_int(out, ms / 1000);
     } else {
-        write!(out, "{}", ms as f64 / 1000.0)
-    };
+        let _ = write!(out, "{}", ms as f64 / 1000.0);
+    }
+}
+
+/// An integer in decimal (what `{}` writes), without the formatting machinery: answers are
+/// mostly integer timestamps and values.
+fn push_int(out: &mut String, i: i64) {
+    let mut digits = [0u8; 20];
+    let mut n = i.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        out.push('-');
+    }
+    out.extend(digits[at..].iter().map(|&d| d as char));
 }
 
 /// A sample value as Prometheus writes it.
@@ -231,6 +251,8 @@ fn write_number(out: &mut String, v: f64) {
         out.push_str("+Inf");
     } else if v == f64::NEG_INFINITY {
         out.push_str("-Inf");
+    } else if v.fract() == 0.0 && v.abs() < 1e15 && !(v == 0.0 && v.is_sign_negative()) {
+        push_int(out, v as i64);
     } else {
         let _ = write!(out, "{v}");
     }

@@ -177,3 +177,46 @@ async fn grafana_s_calls_answer_like_prometheus() {
     let (s, _) = call(&api, get("/prometheus/api/v1/series")).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
+
+/// Values and times are written as `{}` writes them (Go's shortest 'f' format, which
+/// Prometheus uses, agrees with it), the integer shortcut included.
+#[test]
+fn numbers_are_written_as_display_writes_them() {
+    for v in [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        58.0,
+        0.5,
+        -2.25,
+        1e15 - 1.0,
+        1e15,
+        -1e15,
+        1e21,
+        123_456_789.0,
+        f64::MAX,
+        f64::MIN_POSITIVE,
+        i64::MIN as f64,
+    ] {
+        assert_eq!(super::number(v), format!("{v}"), "{v:?}");
+    }
+    for ms in [
+        0i64,
+        1_000,
+        -1_000,
+        1_764_460_815_000,
+        1_500,
+        -1_500,
+        i64::MIN / 1000 * 1000,
+    ] {
+        let mut out = String::new();
+        super::write_seconds(&mut out, ms);
+        let want = if ms % 1000 == 0 {
+            format!("{}", ms / 1000)
+        } else {
+            format!("{}", ms as f64 / 1000.0)
+        };
+        assert_eq!(out, want, "{ms}");
+    }
+}

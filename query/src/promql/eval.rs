@@ -468,19 +468,58 @@ impl<'a> Evaluator<'a> {
             let hi = s.ts.partition_point(|&x| x <= to);
             let mut l = Loaded {
                 labels: s.labels.clone(),
-                ..Default::default()
+                ts: Vec::with_capacity(hi - lo),
+                vs: Vec::with_capacity(hi - lo),
             };
-            for i in lo..hi {
-                if !is_stale(s.vs[i]) {
-                    l.ts.push(s.ts[i]);
-                    l.vs.push(s.vs[i]);
+            if s.vs[lo..hi].iter().any(|v| is_stale(*v)) {
+                for i in lo..hi {
+                    if !is_stale(s.vs[i]) {
+                        l.ts.push(s.ts[i]);
+                        l.vs.push(s.vs[i]);
+                    }
                 }
+            } else {
+                l.ts.extend_from_slice(&s.ts[lo..hi]);
+                l.vs.extend_from_slice(&s.vs[lo..hi]);
             }
             if !l.ts.is_empty() {
                 out.push(l);
             }
         }
         out
+    }
+
+    /// What [`Self::range`] gives for a range selector at `ts`, handed to `f` series by
+    /// series as borrowed slices (copied only where stale markers must be left out).
+    pub(super) fn windows(
+        &self,
+        m: &promql_parser::parser::MatrixSelector,
+        ts: i64,
+        mut f: impl FnMut(&Arc<Labels>, &[i64], &[f64]),
+    ) {
+        let to = self.ref_time(&m.vs, ts);
+        let from = to - ms(&m.range);
+        for s in self.series_of(&m.vs).iter() {
+            let lo = s.ts.partition_point(|&x| x < from);
+            let hi = s.ts.partition_point(|&x| x <= to);
+            if lo == hi {
+                continue;
+            }
+            let (ts, vs) = (&s.ts[lo..hi], &s.vs[lo..hi]);
+            if vs.iter().any(|v| is_stale(*v)) {
+                let (ts, vs): (Vec<i64>, Vec<f64>) = ts
+                    .iter()
+                    .zip(vs)
+                    .filter(|(_, v)| !is_stale(**v))
+                    .map(|(t, v)| (*t, *v))
+                    .unzip();
+                if !ts.is_empty() {
+                    f(&s.labels, &ts, &vs);
+                }
+            } else {
+                f(&s.labels, ts, vs);
+            }
+        }
     }
 
     pub(super) fn scalar(&self, e: &Expr, ts: i64) -> Result<f64, PromError> {
@@ -541,37 +580,46 @@ impl<'a> Evaluator<'a> {
                     .collect(),
             ));
         }
-        // groups found by the hash of their labels, each label set built once
-        let in_group = |k: &str| match &a.modifier {
-            None => false,
-            Some(LabelModifier::Include(ls)) => ls.labels.iter().any(|l| l == k),
-            Some(LabelModifier::Exclude(ls)) => {
-                k != "__name__" && !ls.labels.iter().any(|l| l == k)
-            }
-        };
-        let mut index: rustc_hash::FxHashMap<u64, Vec<usize>> = Default::default();
-        let mut groups: Vec<(Labels, Vec<Sample>)> = Vec::new();
-        for s in samples {
-            let mut h = rustc_hash::FxHasher::default();
-            for (k, v) in s.labels.iter().filter(|(k, _)| in_group(k)) {
-                k.hash(&mut h);
-                v.hash(&mut h);
-            }
-            let same = index.entry(h.finish()).or_default();
-            let found = same.iter().copied().find(|&i| {
-                groups[i]
-                    .0
-                    .iter()
-                    .eq(s.labels.iter().filter(|(k, _)| in_group(k)))
-            });
-            match found {
-                Some(i) => groups[i].1.push(s),
-                None => {
-                    same.push(groups.len());
-                    groups.push((grouping(&s.labels), vec![s]));
+        // each sample's group, found by the address of its label set when that set lives on
+        // across steps (a selector's, a memo's), else by the group's labels; a group's label
+        // set is one `Arc` for the whole query, so that gathering steps into series finds it
+        // by address too
+        let node = a as *const AggregateExpr as usize;
+        let mut index: rustc_hash::FxHashMap<usize, usize> = Default::default();
+        let mut groups: Vec<(Arc<Labels>, Vec<Sample>)> = Vec::new();
+        GROUPS.with(|m| {
+            let mut m = m.borrow_mut();
+            let memo = m.entry(node).or_default();
+            for s in samples {
+                let address = Arc::as_ptr(&s.labels) as usize;
+                let group = match memo.by_address.get(&address) {
+                    Some((_, g)) => g.clone(),
+                    None => {
+                        let labels = grouping(&s.labels);
+                        let g = match memo.by_labels.get(&labels) {
+                            Some(g) => g.clone(),
+                            None => {
+                                let g = Arc::new(labels.clone());
+                                memo.by_labels.insert(labels, g.clone());
+                                g
+                            }
+                        };
+                        if Arc::strong_count(&s.labels) > 1 {
+                            memo.by_address
+                                .insert(address, (s.labels.clone(), g.clone()));
+                        }
+                        g
+                    }
+                };
+                match index.entry(Arc::as_ptr(&group) as usize) {
+                    std::collections::hash_map::Entry::Occupied(e) => groups[*e.get()].1.push(s),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(groups.len());
+                        groups.push((group, vec![s]));
+                    }
                 }
             }
-        }
+        });
         let number = |p: &Option<Value>| match p {
             Some(Value::Scalar(v)) => Ok(*v),
             _ => Err(PromError::bad_data(format!(
@@ -580,7 +628,6 @@ impl<'a> Evaluator<'a> {
         };
         let mut out = Vec::new();
         for (labels, group) in groups {
-            let labels = Arc::new(labels);
             let values: Vec<f64> = group.iter().map(|s| s.v).collect();
             let n = values.len() as f64;
             let one = |v: f64| Sample {
@@ -854,9 +901,24 @@ thread_local! {
     static UNNAMED: std::cell::RefCell<Unnamed> = Default::default();
 }
 
-/// Forgets the label sets of the query that ran before on this thread.
+/// An aggregation's groups over a query: by the address of a sample's label set (kept alive
+/// here, so that the address is not reused), and by the group's labels.
+#[derive(Default)]
+struct Groups {
+    by_address: rustc_hash::FxHashMap<usize, (Arc<Labels>, Arc<Labels>)>,
+    by_labels: HashMap<Labels, Arc<Labels>>,
+}
+
+thread_local! {
+    /// Each aggregation's groups (by the address of its node in the parsed expression), so
+    /// that a sample's group is worked out once per query, not once per step.
+    static GROUPS: std::cell::RefCell<rustc_hash::FxHashMap<usize, Groups>> = Default::default();
+}
+
+/// Forgets the label sets and groups of the query that ran before on this thread.
 fn forget_unnamed() {
     UNNAMED.with(|m| m.borrow_mut().clear());
+    GROUPS.with(|m| m.borrow_mut().clear());
 }
 
 pub(super) fn drop_name(labels: &mut Arc<Labels>) {

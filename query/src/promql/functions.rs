@@ -83,9 +83,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
         }
         "avg_over_time" | "min_over_time" | "max_over_time" | "sum_over_time"
         | "count_over_time" | "stddev_over_time" | "stdvar_over_time" | "present_over_time" => {
-            let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
-            Ok(per_series(m, ts, |l| {
-                let v = &l.vs;
+            let f = |v: &[f64]| {
                 Some(match name {
                     "avg_over_time" => mean(v),
                     "min_over_time" => v
@@ -102,7 +100,8 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
                     "stdvar_over_time" => variance(v),
                     _ => 1.0,
                 })
-            }))
+            };
+            over_time(ev, arg(c, 0)?, ts, f)
         }
         "last_over_time" => {
             let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
@@ -121,8 +120,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
         }
         "quantile_over_time" => {
             let q = ev.scalar(arg(c, 0)?, ts)?;
-            let (m, _, _) = matrix_arg(ev, arg(c, 1)?, ts)?;
-            Ok(per_series(m, ts, |l| Some(quantile(q, l.vs.clone()))))
+            over_time(ev, arg(c, 1)?, ts, |v| Some(quantile(q, v.to_vec())))
         }
         "absent_over_time" => {
             let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
@@ -322,6 +320,34 @@ fn valid_label_name(s: &str) -> bool {
 }
 
 /// A function of each series' samples; `None` leaves the series out. The name is dropped.
+/// A function of each series' values over a range vector at `ts`; a range selector's windows
+/// are read in place (see [`Evaluator::windows`]), anything else evaluated to a matrix first.
+fn over_time(
+    ev: &Evaluator<'_>,
+    e: &Expr,
+    ts: i64,
+    f: impl Fn(&[f64]) -> Option<f64>,
+) -> Result<Value, PromError> {
+    match e {
+        Expr::Paren(p) => over_time(ev, &p.expr, ts, f),
+        Expr::MatrixSelector(m) => {
+            let mut out = Vec::new();
+            ev.windows(m, ts, |labels, _, vs| {
+                if let Some(v) = f(vs) {
+                    let mut labels = labels.clone();
+                    drop_name(&mut labels);
+                    out.push(Sample { labels, v, t: ts });
+                }
+            });
+            Ok(Value::Vector(out))
+        }
+        _ => {
+            let (m, _, _) = matrix_arg(ev, e, ts)?;
+            Ok(per_series(m, ts, |l| f(&l.vs)))
+        }
+    }
+}
+
 fn per_series(m: Vec<Loaded>, ts: i64, f: impl Fn(&Loaded) -> Option<f64>) -> Value {
     Value::Vector(
         m.into_iter()
