@@ -98,7 +98,16 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
     ev.load(&expr, time, time)?;
     forget_unnamed();
     let value = ev.eval(&expr, time);
+    let answer = instant_answer(&expr, value, time);
     forget_unnamed();
+    answer
+}
+
+fn instant_answer(
+    expr: &Expr,
+    value: Result<Value, PromError>,
+    time: i64,
+) -> Result<QueryResult, PromError> {
     Ok(match value? {
         Value::Scalar(v) => QueryResult::Scalar(time, v),
         Value::Str(s) => QueryResult::Str(time, s),
@@ -111,7 +120,7 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
                 .into_iter()
                 .map(|s| (Arc::unwrap_or_clone(s.labels), time, s.v))
                 .collect();
-            if !keeps_order(&expr) {
+            if !keeps_order(expr) {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
             }
             QueryResult::Vector(out)
@@ -139,9 +148,12 @@ pub(super) struct LabelSet {
 impl LabelSet {
     /// Whether `l` is new (and remembers it).
     pub(super) fn insert(&mut self, l: &Arc<Labels>) -> bool {
-        let mut h = rustc_hash::FxHasher::default();
-        l.hash(&mut h);
-        let same = self.seen.entry(h.finish()).or_default();
+        let h = memo_hash(0, l, |l| {
+            let mut h = rustc_hash::FxHasher::default();
+            l.hash(&mut h);
+            h.finish()
+        });
+        let same = self.seen.entry(h).or_default();
         if same.iter().any(|x| x == l) {
             return false;
         }
@@ -747,13 +759,16 @@ impl<'a> Evaluator<'a> {
                 None => k != "__name__",
             }
         };
-        let sig_hash = |l: &Labels| -> u64 {
-            let mut h = rustc_hash::FxHasher::default();
-            for (k, v) in l.iter().filter(|(k, _)| in_signature(k)) {
-                k.hash(&mut h);
-                v.hash(&mut h);
-            }
-            h.finish()
+        let node = b as *const BinaryExpr as usize;
+        let sig_hash = |l: &Arc<Labels>| -> u64 {
+            memo_hash(node, l, |l| {
+                let mut h = rustc_hash::FxHasher::default();
+                for (k, v) in l.iter().filter(|(k, _)| in_signature(k)) {
+                    k.hash(&mut h);
+                    v.hash(&mut h);
+                }
+                h.finish()
+            })
         };
         let sig_eq = |a: &Labels, b: &Labels| {
             a.iter()
@@ -762,16 +777,18 @@ impl<'a> Evaluator<'a> {
         };
         // samples of a side by signature hash (equal hashes are told apart by `sig_eq`)
         let index = |side: &[Sample]| -> rustc_hash::FxHashMap<u64, Vec<usize>> {
-            let mut map: rustc_hash::FxHashMap<u64, Vec<usize>> = Default::default();
+            let mut map: rustc_hash::FxHashMap<u64, Vec<usize>> =
+                rustc_hash::FxHashMap::with_capacity_and_hasher(side.len(), Default::default());
             for (i, s) in side.iter().enumerate() {
                 map.entry(sig_hash(&s.labels)).or_default().push(i);
             }
             map
         };
-        let find = |map: &rustc_hash::FxHashMap<u64, Vec<usize>>, side: &[Sample], l: &Labels| {
-            map.get(&sig_hash(l))
-                .and_then(|c| c.iter().copied().find(|&i| sig_eq(&side[i].labels, l)))
-        };
+        let find =
+            |map: &rustc_hash::FxHashMap<u64, Vec<usize>>, side: &[Sample], l: &Arc<Labels>| {
+                map.get(&sig_hash(l))
+                    .and_then(|c| c.iter().copied().find(|&i| sig_eq(&side[i].labels, l)))
+            };
         match op {
             "and" | "unless" => {
                 let right = index(&rhs);
@@ -915,10 +932,39 @@ thread_local! {
     static GROUPS: std::cell::RefCell<rustc_hash::FxHashMap<usize, Groups>> = Default::default();
 }
 
-/// Forgets the label sets and groups of the query that ran before on this thread.
+/// Hashes of label sets by (what is hashed, the set's address), the sets kept alive.
+type Hashes = rustc_hash::FxHashMap<(usize, usize), (Arc<Labels>, u64)>;
+
+thread_local! {
+    /// Hashes of label sets that live on across steps (a selector's, a memo's), by what is
+    /// hashed (0: the whole set; a binary operator's node: its matching signature) and the
+    /// set's address: a series is hashed once per query, not once per step.
+    static HASHES: std::cell::RefCell<Hashes> = Default::default();
+}
+
+/// `hash(l)`, remembered for the rest of the query when `l` is held elsewhere too (a set made
+/// for one step alone is hashed each time and not kept alive).
+fn memo_hash(what: usize, l: &Arc<Labels>, hash: impl Fn(&Labels) -> u64) -> u64 {
+    if Arc::strong_count(l) == 1 {
+        return hash(l);
+    }
+    let key = (what, Arc::as_ptr(l) as usize);
+    HASHES.with(|m| {
+        let mut m = m.borrow_mut();
+        if let Some((_, h)) = m.get(&key) {
+            return *h;
+        }
+        let h = hash(l);
+        m.insert(key, (l.clone(), h));
+        h
+    })
+}
+
+/// Forgets the label sets, groups and hashes of the query that ran before on this thread.
 fn forget_unnamed() {
     UNNAMED.with(|m| m.borrow_mut().clear());
     GROUPS.with(|m| m.borrow_mut().clear());
+    HASHES.with(|m| m.borrow_mut().clear());
 }
 
 pub(super) fn drop_name(labels: &mut Arc<Labels>) {
