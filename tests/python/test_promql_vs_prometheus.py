@@ -133,6 +133,7 @@ QUERIES = [
     'gpu_util{gpu!~"1"}', 'kv_cache_usage_ratio', 'requests_total', 'requests_total{status="500"}',
     'ttft_seconds_bucket{le="0.5"}', 'ttft_seconds_count', 'ttft_seconds_sum', '{__name__=~"gpu_.*"}',
     '{__name__="kv_cache_usage_ratio", worker_id="w-2"}', 'gpu_util offset 5m', 'requests_total offset 10m',
+    'gpu_util @ start()', '(gpu_util{gpu="1"} @ end() offset 2m)', '((kv_cache_usage_ratio))',
     # range functions
     'rate(requests_total[1m])', 'rate(requests_total[5m])', 'irate(requests_total[5m])',
     'increase(requests_total[5m])', 'increase(requests_total[10m])', 'delta(gpu_util[5m])',

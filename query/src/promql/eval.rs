@@ -453,7 +453,7 @@ impl<'a> Evaluator<'a> {
     /// lookback delta, unless it is a stale marker.
     fn instant(&self, vs: &VectorSelector, ts: i64) -> Vec<Sample> {
         let t = self.ref_time(vs, ts);
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.series_of(vs).len());
         for s in self.series_of(vs).iter() {
             let i = s.ts.partition_point(|&x| x <= t);
             if i == 0 {
