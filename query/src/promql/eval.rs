@@ -818,6 +818,43 @@ impl<'a> Evaluator<'a> {
             VectorMatchCardinality::OneToMany(_) => (lhs, rhs, true),
             _ => (rhs, lhs, false),
         };
+        let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
+        // the value of a matched pair, and whether the pair is kept
+        let pair_value = |m: &Sample, o: &Sample| -> Option<f64> {
+            let (l, r) = if swapped { (o, m) } else { (m, o) };
+            let (v, keep) = apply(op, l.v, r.v);
+            if comparison && !return_bool && !keep {
+                return None;
+            }
+            Some(match (comparison, return_bool) {
+                (true, true) => f64::from(u8::from(keep)),
+                (true, false) => l.v,
+                _ => v,
+            })
+        };
+        // the pairs found at an earlier step hold while both sides are the same series in
+        // the same order (a selector's series at every step where each has a sample)
+        let node = b as *const BinaryExpr as usize;
+        let planned = PLANS.with(|plans| {
+            let plans = plans.borrow();
+            let plan = plans.get(&node).filter(|p| p.fits(&one, &many))?;
+            Some(
+                plan.pairs
+                    .iter()
+                    .filter_map(|(mi, oi, labels)| {
+                        let v = pair_value(&many[*mi], &one[*oi])?;
+                        Some(Sample {
+                            labels: labels.clone(),
+                            v,
+                            t: ts,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        });
+        if let Some(out) = planned {
+            return Ok(Value::Vector(out));
+        }
         let ones = index(&one);
         if ones.values().any(|c| {
             c.iter().enumerate().any(|(j, &x)| {
@@ -837,18 +874,13 @@ impl<'a> Evaluator<'a> {
             }
             _ => &[],
         };
-        let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
-        let mut out = Vec::new();
-        let mut seen = LabelSet::default();
-        for m in many {
-            let Some(o) = find(&ones, &one, &m.labels).map(|i| &one[i]) else {
+        // every matched pair with its answer's labels (which do not depend on the values)
+        let mut pairs: Vec<(usize, usize, Arc<Labels>)> = Vec::new();
+        for (mi, m) in many.iter().enumerate() {
+            let Some(oi) = find(&ones, &one, &m.labels) else {
                 continue;
             };
-            let (l, r) = if swapped { (o, &m) } else { (&m, o) };
-            let (v, keep) = apply(op, l.v, r.v);
-            if comparison && !return_bool && !keep {
-                continue;
-            }
+            let o = &one[oi];
             let mut labels = m.labels.clone();
             if one_to_one {
                 match matching {
@@ -869,28 +901,65 @@ impl<'a> Evaluator<'a> {
                     None => Arc::make_mut(&mut labels).retain(|(k, _)| k != name),
                 }
             }
-            if one_to_one && !seen.insert(&labels) {
+            pairs.push((mi, oi, labels));
+        }
+        let mut out = Vec::new();
+        let mut seen = LabelSet::default();
+        for (mi, oi, labels) in &pairs {
+            let Some(v) = pair_value(&many[*mi], &one[*oi]) else {
+                continue;
+            };
+            if one_to_one && !seen.insert(labels) {
                 return Err(PromError::execution(
                     "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)",
                 ));
             }
-            let value = if comparison {
-                if return_bool {
-                    if keep { 1.0 } else { 0.0 }
-                } else {
-                    l.v
-                }
-            } else {
-                v
-            };
             out.push(Sample {
-                labels,
-                v: value,
+                labels: labels.clone(),
+                v,
                 t: ts,
+            });
+        }
+        // a plan may skip the check of repeated labels only where no two pairs share them,
+        // whichever pairs a comparison keeps
+        let mut all = LabelSet::default();
+        if !one_to_one || pairs.iter().all(|(_, _, l)| all.insert(l)) {
+            PLANS.with(|plans| {
+                plans.borrow_mut().insert(
+                    node,
+                    Plan {
+                        one: one.iter().map(|s| s.labels.clone()).collect(),
+                        many: many.iter().map(|s| s.labels.clone()).collect(),
+                        pairs,
+                    },
+                )
             });
         }
         Ok(Value::Vector(out))
     }
+}
+
+/// A binary operator's matched pairs at one step: (sample of the "many" side, sample of the
+/// "one" side, the answer's labels), for the series the two sides had then.
+struct Plan {
+    one: Vec<Arc<Labels>>,
+    many: Vec<Arc<Labels>>,
+    pairs: Vec<(usize, usize, Arc<Labels>)>,
+}
+
+impl Plan {
+    /// Whether the sides are the same series, in the same order, as the plan's.
+    fn fits(&self, one: &[Sample], many: &[Sample]) -> bool {
+        let same = |a: &[Arc<Labels>], b: &[Sample]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, &y.labels))
+        };
+        same(&self.one, one) && same(&self.many, many)
+    }
+}
+
+thread_local! {
+    /// Each binary operator's last plan, by the address of its node in the parsed expression.
+    static PLANS: std::cell::RefCell<rustc_hash::FxHashMap<usize, Plan>> = Default::default();
 }
 
 /// The matchers of a selector, its name among them.
@@ -965,6 +1034,7 @@ fn forget_unnamed() {
     UNNAMED.with(|m| m.borrow_mut().clear());
     GROUPS.with(|m| m.borrow_mut().clear());
     HASHES.with(|m| m.borrow_mut().clear());
+    PLANS.with(|m| m.borrow_mut().clear());
 }
 
 pub(super) fn drop_name(labels: &mut Arc<Labels>) {

@@ -359,3 +359,73 @@ fn delta_sums_show_cumulative_so_rates_work() {
     let r = vector(instant_query(&src, "rate(tokens_total[2m])", at).unwrap());
     assert!((r[0].1 - 2.0).abs() < 1e-9, "{r:?}");
 }
+
+/// A range query's answer at each step is the instant query's at that time, while binary
+/// operators reuse their pairs across steps: kept pairs that change with the values, a series
+/// that disappears part-way, and a repeated answer label set that only some steps keep (the
+/// range query must then fail at the step that keeps two, as Prometheus does).
+#[test]
+fn range_steps_answer_as_instant_queries_while_pairs_are_reused() {
+    let g = |name: &str, labels: &[(&str, &str)]| gauge(name, labels, "", MetricKind::Gauge);
+    let (_dir, src) = store_with(&[
+        (
+            g("a", &[("k", "1"), ("j", "x")]),
+            every_15s(120, |i| i as f64),
+        ),
+        (
+            g("a", &[("k", "2"), ("j", "x")]),
+            every_15s(120, |i| 100.0 - i as f64),
+        ),
+        (g("b", &[("j", "x")]), every_15s(120, |_| 50.0)),
+        (
+            g("c", &[("j", "x"), ("w", "1")]),
+            every_15s(40, |i| (i % 7) as f64),
+        ),
+        (
+            g("d", &[("j", "x"), ("w", "1")]),
+            every_15s(120, |i| (i * 2 % 11) as f64),
+        ),
+    ]);
+    let (start, end) = (T0, T0 + 119 * 15_000);
+    for q in [
+        "a > ignoring (k) b",
+        "d - c",
+        "d > bool c",
+        "d > c",
+        "sum by (j) (a) / on (j) group_left b",
+        "a / ignoring (k) group_left b",
+    ] {
+        for step in [15_000, 60_000, 37_000] {
+            let QueryResult::Matrix(m) = range_query(&src, q, start, end, step).unwrap() else {
+                panic!("{q}: not a matrix");
+            };
+            let mut t = start;
+            while t <= end {
+                let mut got: Vec<(Labels, f64)> = m
+                    .iter()
+                    .filter_map(|l| {
+                        let i = l.ts.iter().position(|x| *x == t)?;
+                        Some(((*l.labels).clone(), l.vs[i]))
+                    })
+                    .collect();
+                got.sort_by(|a, b| a.0.cmp(&b.0));
+                let mut want = vector(instant_query(&src, q, t).unwrap());
+                want.sort_by(|a, b| a.0.cmp(&b.0));
+                assert_eq!(got, want, "{q} at step {t} (step {step})");
+                t += step;
+            }
+        }
+    }
+    // a[k=1] and a[k=2] both exceed 40 for i in 41..=59 only: both answers are {__name__="a",
+    // j="x"} there
+    let err = range_query(&src, "a > ignoring (k) (b - 10)", start, end, 15_000).unwrap_err();
+    assert!(format!("{err:?}").contains("multiple matches"), "{err:?}");
+    let fine = range_query(
+        &src,
+        "a > ignoring (k) (b - 10)",
+        start,
+        T0 + 40 * 15_000,
+        15_000,
+    );
+    assert!(fine.is_ok(), "{fine:?}");
+}
