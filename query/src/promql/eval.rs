@@ -597,11 +597,31 @@ impl<'a> Evaluator<'a> {
         // set is one `Arc` for the whole query, so that gathering steps into series finds it
         // by address too
         let node = a as *const AggregateExpr as usize;
-        let mut index: rustc_hash::FxHashMap<usize, usize> = Default::default();
         let mut groups: Vec<(Arc<Labels>, Vec<Sample>)> = Vec::new();
         GROUPS.with(|m| {
             let mut m = m.borrow_mut();
             let memo = m.entry(node).or_default();
+            // the same series in the same order as at the last step: the same groups
+            if let Some(last) = memo.last.as_ref().filter(|l| {
+                l.inputs.len() == samples.len()
+                    && l.inputs
+                        .iter()
+                        .zip(&samples)
+                        .all(|(x, s)| Arc::ptr_eq(x, &s.labels))
+            }) {
+                groups = last
+                    .groups
+                    .iter()
+                    .map(|g| (g.clone(), Vec::new()))
+                    .collect();
+                for (s, g) in samples.into_iter().zip(&last.assign) {
+                    groups[*g].1.push(s);
+                }
+                return;
+            }
+            let mut index: rustc_hash::FxHashMap<usize, usize> = Default::default();
+            let inputs: Vec<Arc<Labels>> = samples.iter().map(|s| s.labels.clone()).collect();
+            let mut assign = Vec::with_capacity(samples.len());
             for s in samples {
                 let address = Arc::as_ptr(&s.labels) as usize;
                 let group = match memo.by_address.get(&address) {
@@ -624,13 +644,22 @@ impl<'a> Evaluator<'a> {
                     }
                 };
                 match index.entry(Arc::as_ptr(&group) as usize) {
-                    std::collections::hash_map::Entry::Occupied(e) => groups[*e.get()].1.push(s),
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        assign.push(*e.get());
+                        groups[*e.get()].1.push(s)
+                    }
                     std::collections::hash_map::Entry::Vacant(e) => {
                         e.insert(groups.len());
+                        assign.push(groups.len());
                         groups.push((group, vec![s]));
                     }
                 }
             }
+            memo.last = Some(LastGroups {
+                inputs,
+                assign,
+                groups: groups.iter().map(|(g, _)| g.clone()).collect(),
+            });
         });
         let number = |p: &Option<Value>| match p {
             Some(Value::Scalar(v)) => Ok(*v),
@@ -993,6 +1022,14 @@ thread_local! {
 struct Groups {
     by_address: rustc_hash::FxHashMap<usize, (Arc<Labels>, Arc<Labels>)>,
     by_labels: HashMap<Labels, Arc<Labels>>,
+    /// The last step's samples' label sets (kept alive), each one's group and the groups.
+    last: Option<LastGroups>,
+}
+
+struct LastGroups {
+    inputs: Vec<Arc<Labels>>,
+    assign: Vec<usize>,
+    groups: Vec<Arc<Labels>>,
 }
 
 thread_local! {

@@ -361,7 +361,7 @@ fn delta_sums_show_cumulative_so_rates_work() {
 }
 
 /// A range query's answer at each step is the instant query's at that time, while binary
-/// operators reuse their pairs across steps: kept pairs that change with the values, a series
+/// operators reuse their pairs and aggregations their groups across steps: kept pairs that change with the values, a series
 /// that disappears part-way, and a repeated answer label set that only some steps keep (the
 /// range query must then fail at the step that keeps two, as Prometheus does).
 #[test]
@@ -394,6 +394,12 @@ fn range_steps_answer_as_instant_queries_while_pairs_are_reused() {
         "d > c",
         "sum by (j) (a) / on (j) group_left b",
         "a / ignoring (k) group_left b",
+        "sum by (j) (a)",
+        "topk(1, a)",
+        "max by (w) (d - c)",
+        "count without (k) (a > 40)",
+        "sum by (k) (a > 40)",
+        "quantile(0.5, a) + sum(b)",
     ] {
         for step in [15_000, 60_000, 37_000] {
             let QueryResult::Matrix(m) = range_query(&src, q, start, end, step).unwrap() else {
