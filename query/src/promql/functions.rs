@@ -45,11 +45,10 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
     let name = c.func.name;
     match name {
         "rate" | "increase" | "delta" => {
-            let (m, range, end) = matrix_arg(ev, arg(c, 0)?, ts)?;
             let counter = name != "delta";
-            Ok(per_series(m, ts, |l| {
-                extrapolated(l, end - range, end, counter, name == "rate")
-            }))
+            over_time(ev, arg(c, 0)?, ts, |w| {
+                extrapolated(w, counter, name == "rate")
+            })
         }
         "irate" | "idelta" => {
             let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
@@ -101,7 +100,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
                     _ => 1.0,
                 })
             };
-            over_time(ev, arg(c, 0)?, ts, f)
+            over_time(ev, arg(c, 0)?, ts, |w| f(w.vs))
         }
         "last_over_time" => {
             let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
@@ -120,7 +119,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call, ts: i64) -> Result<Value, PromE
         }
         "quantile_over_time" => {
             let q = ev.scalar(arg(c, 0)?, ts)?;
-            over_time(ev, arg(c, 1)?, ts, |v| Some(quantile(q, v.to_vec())))
+            over_time(ev, arg(c, 1)?, ts, |w| Some(quantile(q, w.vs.to_vec())))
         }
         "absent_over_time" => {
             let (m, _, _) = matrix_arg(ev, arg(c, 0)?, ts)?;
@@ -326,14 +325,22 @@ fn over_time(
     ev: &Evaluator<'_>,
     e: &Expr,
     ts: i64,
-    f: impl Fn(&[f64]) -> Option<f64>,
+    f: impl Fn(&Window) -> Option<f64>,
 ) -> Result<Value, PromError> {
     match e {
         Expr::Paren(p) => over_time(ev, &p.expr, ts, f),
         Expr::MatrixSelector(m) => {
+            let end = ev.at_time(&m.vs.at).unwrap_or(ts) - offset_ms(&m.vs.offset);
+            let start = end - m.range.as_millis() as i64;
             let mut out = Vec::new();
-            ev.windows(m, ts, |labels, _, vs| {
-                if let Some(v) = f(vs) {
+            ev.windows(m, ts, |labels, ts_, vs| {
+                let w = Window {
+                    ts: ts_,
+                    vs,
+                    start,
+                    end,
+                };
+                if let Some(v) = f(&w) {
                     let mut labels = labels.clone();
                     drop_name(&mut labels);
                     out.push(Sample { labels, v, t: ts });
@@ -342,10 +349,25 @@ fn over_time(
             Ok(Value::Vector(out))
         }
         _ => {
-            let (m, _, _) = matrix_arg(ev, e, ts)?;
-            Ok(per_series(m, ts, |l| f(&l.vs)))
+            let (m, range, end) = matrix_arg(ev, e, ts)?;
+            Ok(per_series(m, ts, |l| {
+                f(&Window {
+                    ts: &l.ts,
+                    vs: &l.vs,
+                    start: end - range,
+                    end,
+                })
+            }))
         }
     }
+}
+
+/// One series' samples in a range vector at one step, with the range's ends (ms).
+struct Window<'a> {
+    ts: &'a [i64],
+    vs: &'a [f64],
+    start: i64,
+    end: i64,
 }
 
 fn per_series(m: Vec<Loaded>, ts: i64, f: impl Fn(&Loaded) -> Option<f64>) -> Value {
@@ -375,13 +397,8 @@ fn map(v: Vec<Sample>, ts: i64, f: impl Fn(f64) -> f64) -> Value {
 }
 
 /// Prometheus's `extrapolatedRate`.
-fn extrapolated(
-    l: &Loaded,
-    range_start: i64,
-    range_end: i64,
-    counter: bool,
-    rate: bool,
-) -> Option<f64> {
+fn extrapolated(l: &Window, counter: bool, rate: bool) -> Option<f64> {
+    let (range_start, range_end) = (l.start, l.end);
     if l.ts.len() < 2 {
         return None;
     }
@@ -389,7 +406,7 @@ fn extrapolated(
     let mut result = last - first;
     if counter {
         let mut previous = 0.0;
-        for v in &l.vs {
+        for v in l.vs {
             if *v < previous {
                 result += previous;
             }
