@@ -31,6 +31,14 @@ pub struct Sample {
     pub t: i64,
 }
 
+/// One series' samples in a range vector at one step, with the range's ends (ms).
+pub(super) struct Window<'a> {
+    pub ts: &'a [i64],
+    pub vs: &'a [f64],
+    pub start: i64,
+    pub end: i64,
+}
+
 /// What an expression evaluates to at one instant.
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -96,10 +104,10 @@ pub fn instant_query(source: &Source, query: &str, time: i64) -> Result<QueryRes
     let expr = parse(query)?;
     let mut ev = Evaluator::new(source, time, time);
     ev.load(&expr, time, time)?;
-    forget_unnamed();
+    forget_query_memos();
     let value = ev.eval(&expr, time);
     let answer = instant_answer(&expr, value, time);
-    forget_unnamed();
+    forget_query_memos();
     answer
 }
 
@@ -200,9 +208,9 @@ pub fn range_query(
     }
     let mut ev = Evaluator::new(source, start, end);
     ev.load(&expr, start, end)?;
-    forget_unnamed();
+    forget_query_memos();
     let answer = ev.evaluate_range(&expr, start, end, step);
-    forget_unnamed();
+    forget_query_memos();
     answer
 }
 
@@ -475,49 +483,47 @@ impl<'a> Evaluator<'a> {
     /// The samples of each series in `[from, to]`, stale markers left out.
     pub(super) fn range(&self, vs: &VectorSelector, from: i64, to: i64) -> Vec<Loaded> {
         let mut out = Vec::new();
-        for s in self.series_of(vs).iter() {
-            let lo = s.ts.partition_point(|&x| x < from);
-            let hi = s.ts.partition_point(|&x| x <= to);
-            let mut l = Loaded {
-                labels: s.labels.clone(),
-                ts: Vec::with_capacity(hi - lo),
-                vs: Vec::with_capacity(hi - lo),
-            };
-            if s.vs[lo..hi].iter().any(|v| is_stale(*v)) {
-                for i in lo..hi {
-                    if !is_stale(s.vs[i]) {
-                        l.ts.push(s.ts[i]);
-                        l.vs.push(s.vs[i]);
-                    }
-                }
-            } else {
-                l.ts.extend_from_slice(&s.ts[lo..hi]);
-                l.vs.extend_from_slice(&s.vs[lo..hi]);
-            }
-            if !l.ts.is_empty() {
-                out.push(l);
-            }
-        }
+        self.each_window(vs, from, to, |labels, w| {
+            out.push(Loaded {
+                labels: labels.clone(),
+                ts: w.ts.to_vec(),
+                vs: w.vs.to_vec(),
+            })
+        });
         out
     }
 
     /// What [`Self::range`] gives for a range selector at `ts`, handed to `f` series by
-    /// series as borrowed slices (copied only where stale markers must be left out).
+    /// series as borrowed slices.
     pub(super) fn windows(
         &self,
         m: &promql_parser::parser::MatrixSelector,
         ts: i64,
-        mut f: impl FnMut(&Arc<Labels>, &[i64], &[f64]),
+        f: impl FnMut(&Arc<Labels>, &Window),
     ) {
         let to = self.ref_time(&m.vs, ts);
-        let from = to - ms(&m.range);
-        for s in self.series_of(&m.vs).iter() {
+        self.each_window(&m.vs, to - ms(&m.range), to, f)
+    }
+
+    /// Each series' samples in `[from, to]` with a sample there, stale markers left out (the
+    /// window is copied only where it holds one).
+    fn each_window(
+        &self,
+        vs: &VectorSelector,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(&Arc<Labels>, &Window),
+    ) {
+        for s in self.series_of(vs).iter() {
             let lo = s.ts.partition_point(|&x| x < from);
             let hi = s.ts.partition_point(|&x| x <= to);
-            if lo == hi {
-                continue;
-            }
             let (ts, vs) = (&s.ts[lo..hi], &s.vs[lo..hi]);
+            let window = |ts, vs| Window {
+                ts,
+                vs,
+                start: from,
+                end: to,
+            };
             if vs.iter().any(|v| is_stale(*v)) {
                 let (ts, vs): (Vec<i64>, Vec<f64>) = ts
                     .iter()
@@ -526,10 +532,10 @@ impl<'a> Evaluator<'a> {
                     .map(|(t, v)| (*t, *v))
                     .unzip();
                 if !ts.is_empty() {
-                    f(&s.labels, &ts, &vs);
+                    f(&s.labels, &window(&ts, &vs));
                 }
-            } else {
-                f(&s.labels, ts, vs);
+            } else if !ts.is_empty() {
+                f(&s.labels, &window(ts, vs));
             }
         }
     }
@@ -602,13 +608,11 @@ impl<'a> Evaluator<'a> {
             let mut m = m.borrow_mut();
             let memo = m.entry(node).or_default();
             // the same series in the same order as at the last step: the same groups
-            if let Some(last) = memo.last.as_ref().filter(|l| {
-                l.inputs.len() == samples.len()
-                    && l.inputs
-                        .iter()
-                        .zip(&samples)
-                        .all(|(x, s)| Arc::ptr_eq(x, &s.labels))
-            }) {
+            if let Some(last) = memo
+                .last
+                .as_ref()
+                .filter(|l| same_series(&l.inputs, &samples))
+            {
                 groups = last
                     .groups
                     .iter()
@@ -979,11 +983,17 @@ struct Plan {
 impl Plan {
     /// Whether the sides are the same series, in the same order, as the plan's.
     fn fits(&self, one: &[Sample], many: &[Sample]) -> bool {
-        let same = |a: &[Arc<Labels>], b: &[Sample]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, &y.labels))
-        };
-        same(&self.one, one) && same(&self.many, many)
+        same_series(&self.one, one) && same_series(&self.many, many)
     }
+}
+
+/// Whether the samples carry the very label sets kept from an earlier step, in that order.
+fn same_series(kept: &[Arc<Labels>], samples: &[Sample]) -> bool {
+    kept.len() == samples.len()
+        && kept
+            .iter()
+            .zip(samples)
+            .all(|(k, s)| Arc::ptr_eq(k, &s.labels))
 }
 
 thread_local! {
@@ -1066,8 +1076,9 @@ fn memo_hash(what: usize, l: &Arc<Labels>, hash: impl Fn(&Labels) -> u64) -> u64
     })
 }
 
-/// Forgets the label sets, groups and hashes of the query that ran before on this thread.
-fn forget_unnamed() {
+/// Forgets the memos (unnamed label sets, groups, hashes, plans) of the query that ran before
+/// on this thread.
+fn forget_query_memos() {
     UNNAMED.with(|m| m.borrow_mut().clear());
     GROUPS.with(|m| m.borrow_mut().clear());
     HASHES.with(|m| m.borrow_mut().clear());

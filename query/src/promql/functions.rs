@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use promql_parser::parser::{Call, Expr};
 
-use super::eval::{Evaluator, Sample, Value, drop_name, mean, offset_ms, quantile, variance};
+use super::eval::{
+    Evaluator, Sample, Value, Window, drop_name, mean, offset_ms, quantile, variance,
+};
 use super::source::{get, insert};
 use super::{Labels, Loaded, PromError};
 
@@ -318,7 +320,6 @@ fn valid_label_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// A function of each series' samples; `None` leaves the series out. The name is dropped.
 /// A function of each series' values over a range vector at `ts`; a range selector's windows
 /// are read in place (see [`Evaluator::windows`]), anything else evaluated to a matrix first.
 fn over_time(
@@ -330,17 +331,9 @@ fn over_time(
     match e {
         Expr::Paren(p) => over_time(ev, &p.expr, ts, f),
         Expr::MatrixSelector(m) => {
-            let end = ev.at_time(&m.vs.at).unwrap_or(ts) - offset_ms(&m.vs.offset);
-            let start = end - m.range.as_millis() as i64;
             let mut out = Vec::new();
-            ev.windows(m, ts, |labels, ts_, vs| {
-                let w = Window {
-                    ts: ts_,
-                    vs,
-                    start,
-                    end,
-                };
-                if let Some(v) = f(&w) {
+            ev.windows(m, ts, |labels, w| {
+                if let Some(v) = f(w) {
                     let mut labels = labels.clone();
                     drop_name(&mut labels);
                     out.push(Sample { labels, v, t: ts });
@@ -362,14 +355,7 @@ fn over_time(
     }
 }
 
-/// One series' samples in a range vector at one step, with the range's ends (ms).
-struct Window<'a> {
-    ts: &'a [i64],
-    vs: &'a [f64],
-    start: i64,
-    end: i64,
-}
-
+/// A function of each series' samples; `None` leaves the series out. The name is dropped.
 fn per_series(m: Vec<Loaded>, ts: i64, f: impl Fn(&Loaded) -> Option<f64>) -> Value {
     Value::Vector(
         m.into_iter()

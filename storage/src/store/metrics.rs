@@ -14,7 +14,7 @@ use arrow::array::{ArrayRef, RecordBatch};
 
 use super::*;
 use crate::block::metrics::{self, MetricColumns, col};
-use crate::model::{Series, SeriesId};
+use crate::model::{PointValue, Series, SeriesId};
 
 /// A metric block's points decoded: rows sorted by (series, time), found by series run.
 #[derive(Debug)]
@@ -579,11 +579,12 @@ impl Store {
         to: Option<u64>,
         series: &RoaringBitmap,
     ) -> Result<Vec<(SeriesId, u64, u64, f64)>> {
+        // what blocks and head points are in range and of the series
         let scan = MetricScan {
             from,
             to,
             series: Some(series.clone()),
-            columns: vec![col::START_TIME, col::VALUE],
+            columns: Vec::new(),
         };
         let mut out = Vec::new();
         for (addr, meta) in snapshot.blocks.iter() {
@@ -592,30 +593,10 @@ impl Store {
                 points.values_into(series, from, to, &mut out);
             }
         }
-        if let Some(b) = self.head_metric_columns(snapshot, &scan)? {
-            let ints = |i: usize| {
-                b.column(i)
-                    .as_any()
-                    .downcast_ref::<arrow::array::Int64Array>()
-                    .cloned()
-                    .ok_or_else(|| StorageError::corrupt("metric head", "integer column type"))
-            };
-            let (ids, times, starts) = (ints(0)?, ints(1)?, ints(2)?);
-            let values = b
-                .column(3)
-                .as_any()
-                .downcast_ref::<arrow::array::Float64Array>()
-                .ok_or_else(|| StorageError::corrupt("metric head", "value column type"))?;
-            out.reserve(b.num_rows());
-            for i in 0..b.num_rows() {
-                if arrow::array::Array::is_valid(values, i) {
-                    out.push((
-                        ids.value(i) as u32,
-                        times.value(i) as u64,
-                        starts.value(i) as u64,
-                        values.value(i),
-                    ));
-                }
+        // head points as they are (the sort below orders them with the blocks')
+        for p in snapshot.head.rows().filter(|p| scan.matches(p)) {
+            if let PointValue::Number(v) = p.value {
+                out.push((p.series, p.time.0, p.start_time.0, v));
             }
         }
         let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
