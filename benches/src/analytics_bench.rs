@@ -4,7 +4,8 @@
 //!
 //! Weft's JSON answer is turned into rows of the peers' shape. Counts must agree exactly,
 //! floats to a relative 1e-6, except where a question states a tolerance per column: the
-//! percentiles endpoint answers from DDSketch bins (within 1% of `percentile_cont`).
+//! percentiles endpoint and the operation graph answer from DDSketch bins (within 1% of
+//! `percentile_cont`).
 //! The anomaly scan has no SQL equivalent (it finds the windows itself); it is timed next to
 //! the peers' attribution by lift over the whole range (Q8 of `weft-bench peers`), without
 //! comparing answers.
@@ -251,6 +252,16 @@ pub fn questions(p: &Params) -> Vec<Question> {
             id: "A1",
             what: "operation graph: nodes (calls, errors, p50, p99) and parent → child edges",
             weft: format!("lineage/operations?{range}"),
+            rows: Some(graph_rows),
+            duckdb: graph(&d_range, &duck_id, false),
+            chdb: graph(&c_range, &ch_id, true),
+            // p50 and p99 from the blocks' sketches
+            tolerance: &[0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.01],
+        },
+        Question {
+            id: "A1x",
+            what: "A1 exact (exact=true)",
+            weft: format!("lineage/operations?{range}&exact=true"),
             rows: Some(graph_rows),
             duckdb: graph(&d_range, &duck_id, false),
             chdb: graph(&c_range, &ch_id, true),

@@ -20,7 +20,7 @@ pub mod params;
 pub mod percentiles;
 pub mod saturation;
 pub mod signals;
-pub mod sketch;
+pub use weft_storage::sketch;
 
 use serde_json::Value;
 use weft_storage::model::TenantId;

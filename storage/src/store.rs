@@ -437,6 +437,8 @@ pub struct Store {
     metric_points: Bounded<Arc<metrics::DecodedPoints>>,
     /// Rows of blocks matching term filters, by block and filter, weighed in bytes.
     matches: Bounded<Arc<RoaringBitmap>>,
+    /// Span blocks' operation rollups decoded (see [`crate::rollup`]), by chunk key.
+    rollups: Bounded<Arc<crate::rollup::OpRollup>>,
     /// Split traces' request values, resolved over the current blocks.
     resolved: request::ResolvedSplits,
     pub stats: StoreStats,
@@ -551,6 +553,7 @@ impl Store {
             series_runs: Bounded::new(TRACE_RUNS_CACHE_ENTRIES),
             metric_points: Bounded::new(METRIC_POINTS_CACHE_BYTES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
+            rollups: Bounded::new(rollup::ROLLUP_CACHE_BYTES),
             resolved: Default::default(),
             stats: StoreStats::default(),
             text,
@@ -2188,6 +2191,7 @@ mod merge;
 mod metrics;
 mod request;
 mod retire;
+mod rollup;
 
 pub use check::{CheckReport, check};
 pub use damage::DamagedBlock;

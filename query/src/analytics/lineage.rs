@@ -20,7 +20,7 @@ use super::params::{Groups, Params, Result, dim_exprs, groups, inherited, invali
 use super::percentiles::json_number;
 use super::signals::REQUEST_SPANS;
 
-pub const OPERATION_PARAMS: &[&str] = &["level"];
+pub const OPERATION_PARAMS: &[&str] = &["level", "exact"];
 pub const DIMENSION_PARAMS: &[&str] = &["dims"];
 pub const REQUEST_PARAMS: &[&str] = &["trace_id", "prompt_hash", "conversation_id"];
 
@@ -50,6 +50,8 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub edges: Vec<Edge>,
     pub partial: bool,
+    /// The relative error of the percentiles when they come from sketches; `None` when exact.
+    pub relative_error: Option<f64>,
 }
 
 impl Node {
@@ -88,6 +90,9 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
         }
     };
     run.fit_rows(&mut p).await?;
+    if !p.flag("exact")? && p.attrs.is_empty() {
+        return operations_of_rollups(run, &p, services).await;
+    }
     let filter = p.where_clause(&[])?;
     let (key, key_c, key_p) = if services {
         (
@@ -206,6 +211,109 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
     Ok(graph)
 }
 
+/// The operation graph from the blocks' operation rollups (per-block counts and duration
+/// sketches, see `weft_storage::rollup`): percentiles within the sketches' relative error, the
+/// rest exact; cost by blocks, not by spans. Filters by service and operation apply to the
+/// nodes and to the child side of edges, as in SQL.
+async fn operations_of_rollups(run: &mut Run<'_>, p: &Params, services: bool) -> Result<Graph> {
+    use weft_storage::sketch::{RELATIVE_ERROR, Sketch};
+    let store = run.engine.store().clone();
+    let tenant = run.tenant.clone();
+    let (start, end) = (p.start, p.end);
+    let work = tokio::task::spawn_blocking(move || store.operation_rollup(&tenant, start, end));
+    let rollup = match tokio::time::timeout(run.left(), work).await {
+        Err(_) => {
+            return Ok(Graph {
+                partial: true,
+                relative_error: Some(RELATIVE_ERROR),
+                ..Graph::default()
+            });
+        }
+        Ok(joined) => joined
+            .map_err(|e| crate::sql::SqlError::internal(format!("operation rollup: {e}")))?
+            .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?,
+    };
+    let keep = |(service, name): &(String, String)| {
+        p.service.as_deref().is_none_or(|s| s == service)
+            && p.name.as_deref().is_none_or(|n| n == name)
+    };
+    let id_of =
+        |(service, name): &(String, String)| node_id(service, (!services).then_some(name.as_str()));
+    struct Acc {
+        title: String,
+        subtitle: String,
+        calls: u64,
+        errors: u64,
+        sum_ns: u128,
+        durations: Sketch,
+    }
+    let mut nodes: BTreeMap<String, Acc> = BTreeMap::new();
+    for (op, n) in rollup.ops.iter().zip(&rollup.nodes) {
+        if !keep(op) || n.calls == 0 {
+            continue;
+        }
+        let a = nodes.entry(id_of(op)).or_insert_with(|| Acc {
+            title: op.0.clone(),
+            subtitle: if services {
+                String::new()
+            } else {
+                op.1.clone()
+            },
+            calls: 0,
+            errors: 0,
+            sum_ns: 0,
+            durations: Sketch::default(),
+        });
+        a.calls += n.calls;
+        a.errors += n.errors;
+        a.sum_ns += n.sum_ns;
+        a.durations.merge(&n.durations);
+    }
+    let roots = rollup.roots_ns as f64;
+    let ms = |s: &Sketch, q: f64| s.quantile(q).unwrap_or(0.0) / 1e6;
+    let mut graph = Graph {
+        relative_error: Some(RELATIVE_ERROR),
+        ..Graph::default()
+    };
+    for (id, a) in nodes {
+        graph.nodes.push(Node {
+            id,
+            kind: if services { "service" } else { "operation" },
+            p50_ms: ms(&a.durations, 0.5),
+            p99_ms: ms(&a.durations, 0.99),
+            latency_share: if roots > 0.0 {
+                a.sum_ns as f64 / roots
+            } else {
+                0.0
+            },
+            title: a.title,
+            subtitle: a.subtitle,
+            calls: a.calls,
+            errors: a.errors,
+        });
+    }
+    let mut edges: BTreeMap<(String, String), (u64, Sketch)> = BTreeMap::new();
+    for (&(parent, child), e) in &rollup.edges {
+        let (parent, child) = (&rollup.ops[parent as usize], &rollup.ops[child as usize]);
+        if !keep(child) || (services && parent.0 == child.0) {
+            continue;
+        }
+        let acc = edges.entry((id_of(parent), id_of(child))).or_default();
+        acc.0 += e.calls;
+        acc.1.merge(&e.durations);
+    }
+    for ((source, target), (calls, durations)) in edges {
+        graph.edges.push(Edge {
+            source,
+            target,
+            calls,
+            p99_ms: ms(&durations, 0.99),
+        });
+    }
+    graph.partial = run.partial;
+    Ok(graph)
+}
+
 impl Graph {
     pub fn to_json(&self) -> Value {
         let nodes: Vec<Value> = self
@@ -250,7 +358,11 @@ impl Graph {
                 })
             })
             .collect();
-        json!({"nodes": nodes, "edges": edges, "partial": self.partial})
+        let mut out = json!({"nodes": nodes, "edges": edges, "partial": self.partial});
+        if let Some(e) = self.relative_error {
+            out["relative_error"] = json!(e);
+        }
+        out
     }
 }
 

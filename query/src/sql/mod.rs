@@ -135,6 +135,11 @@ impl SqlError {
         }
     }
 
+    /// Weft failed (a storage error), not the query.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(SqlErrorKind::Internal, message)
+    }
+
     pub fn timeout(limit: Duration) -> Self {
         Self::new(
             SqlErrorKind::Timeout,

@@ -358,6 +358,11 @@ impl<'a, S: ChunkSource> BlockReader<'a, S> {
         }
     }
 
+    /// A chunk as stored (one that is not an Arrow column, such as the block's rollup).
+    pub fn raw_chunk(&self, name: &str) -> Result<Option<Bytes>> {
+        self.source.chunk(name)
+    }
+
     /// Decodes one column for the given rows; `None` when the block has no such column.
     pub fn column(&self, name: &str, rows: &Rows) -> Result<Option<ArrayRef>> {
         self.column_with(name, rows, None, false)

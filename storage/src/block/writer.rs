@@ -21,6 +21,7 @@ use crate::codec::Writer;
 use crate::error::Result;
 use crate::model::{KeyValue, SpanId, SpanRecord, StatusCode, Value};
 use crate::request::{self, OPEN_DIM, OPEN_TERM, ParentPlace};
+use crate::rollup::OpRollup;
 use crate::schema::{
     ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
 };
@@ -61,6 +62,9 @@ pub mod col {
     pub const MINOR_ROWS: &str = "minor_rows";
     pub const MINOR_START: &str = "minor_start";
     pub const MINOR_DURATION: &str = "minor_duration";
+    /// The block's operation rollup (see [`crate::rollup`]): not an Arrow chunk but the
+    /// rollup's own encoding. Absent from blocks written before it.
+    pub const ROLLUP_OPS: &str = "rollup_ops";
     pub const DEDICATED_PREFIX: &str = "d:";
     pub const DYNAMIC_PREFIX: &str = "a:";
 }
@@ -544,6 +548,18 @@ pub fn build_block_with(
         let name = format!("{}{}", col::DYNAMIC_PREFIX, key);
         push(name, Some(*ty), ColumnKind::Dynamic, array, enc)?;
     }
+
+    let rollup =
+        OpRollup::of_block(&rows, traces.iter().map(|t| (t.row_start, t.rows)), &places).encode();
+    columns.push(ColumnMeta {
+        name: col::ROLLUP_OPS.into(),
+        ty: None,
+        kind: ColumnKind::Core,
+        transform: Transform::None,
+        minority: false,
+        bytes: rollup.len() as u64,
+    });
+    chunks.push((col::ROLLUP_OPS.into(), rollup));
 
     let meta = BlockMeta {
         rows: n as u32,

@@ -191,6 +191,19 @@ fn the_store_fixture_of_every_version_reads_back() {
                     .count();
                 assert_eq!(rows.len() as usize, servers, "v{version}: span kind");
             }
+            // blocks written before operation rollups are rolled up from their columns
+            let got = store.operation_rollup(&tenant, None, None).unwrap();
+            let want = crate::rollup::OpRollup::of_spans(&all.iter().collect::<Vec<_>>());
+            assert!(got.orphans.is_empty());
+            assert_eq!(got.roots_ns, want.roots_ns, "v{version}: roots");
+            for (op, n) in want.ops.iter().zip(&want.nodes) {
+                let i = got.ops.iter().position(|o| o == op).unwrap();
+                assert_eq!(got.nodes[i].calls, n.calls, "v{version}: {op:?}");
+                assert_eq!(got.nodes[i].sum_ns, n.sum_ns, "v{version}: {op:?}");
+            }
+            let calls =
+                |r: &crate::rollup::OpRollup| -> u64 { r.edges.values().map(|e| e.calls).sum() };
+            assert_eq!(calls(&got), calls(&want), "v{version}: edges");
         }
         assert_eq!(store.pending_rows(), pending, "v{version}: head replayed");
         // and it goes on taking writes and flushing after the old data

@@ -197,6 +197,7 @@ impl Store {
         self.series_runs.retain(live);
         self.metric_points.retain(live);
         self.matches.retain(live);
+        self.rollups.retain(live);
         let tenants: HashSet<&TenantId> = dead.iter().map(|(t, _, _)| t).collect();
         self.resolved.forget(|t| tenants.contains(t));
     }

@@ -11,6 +11,7 @@ use crate::schema::{DEDICATED, DIM_NAME, DIM_SERVICE, DIM_STATUS};
 mod corrupt;
 mod logs;
 mod metrics;
+mod rollup;
 mod text;
 mod waiting;
 

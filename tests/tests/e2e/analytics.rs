@@ -203,34 +203,55 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
     load(&c, &w, data(false), "clean").await;
     let t = truth(data(true));
 
-    // operation graph: every (service, operation) with its calls; token spans under generate
+    // operation graph: every (service, operation) with its calls; token spans under generate;
+    // from the blocks' rollups (percentiles within 1%), and exact on request (from SQL)
+    let exact = ok(&c, &w, "lineage/operations?exact=true", "fleet").await;
     let g = ok(&c, &w, "lineage/operations", "fleet").await;
-    let nodes = g["nodes"].as_array().unwrap();
-    assert_eq!(nodes.len(), t.operations.len(), "{g}");
-    for ((service, name), calls) in &t.operations {
-        let n = nodes
-            .iter()
-            .find(|n| n["title"] == service.as_str() && n["subtitle"] == name.as_str())
-            .unwrap_or_else(|| panic!("no node {service}/{name}"));
-        assert_eq!(n["calls"], *calls, "{n}");
-        assert_eq!(n["mainstat"], *calls);
-        // exact percentiles, and the node's share of the roots' summed duration
-        let mut d = t.durations[&(service.clone(), name.clone())].clone();
-        d.sort_by(f64::total_cmp);
-        for (key, q) in [("p50_ms", 0.5), ("p99_ms", 0.99)] {
-            let want = percentile_cont(&d, q) / 1e6;
-            let got = n[key].as_f64().unwrap();
+    assert_eq!(g["relative_error"], 0.01, "{g}");
+    assert!(exact.get("relative_error").is_none(), "{exact}");
+    for (g, tolerance) in [(&exact, 1e-6), (&g, 0.01)] {
+        let nodes = g["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), t.operations.len(), "{g}");
+        for ((service, name), calls) in &t.operations {
+            let n = nodes
+                .iter()
+                .find(|n| n["title"] == service.as_str() && n["subtitle"] == name.as_str())
+                .unwrap_or_else(|| panic!("no node {service}/{name}"));
+            assert_eq!(n["calls"], *calls, "{n}");
+            assert_eq!(n["mainstat"], *calls);
+            // percentiles, and the node's share of the roots' summed duration
+            let mut d = t.durations[&(service.clone(), name.clone())].clone();
+            d.sort_by(f64::total_cmp);
+            for (key, q) in [("p50_ms", 0.5), ("p99_ms", 0.99)] {
+                let want = percentile_cont(&d, q) / 1e6;
+                let got = n[key].as_f64().unwrap();
+                assert!(
+                    (got - want).abs() <= tolerance * want,
+                    "{service}/{name} {key}: {got} vs {want}"
+                );
+            }
+            let share = d.iter().sum::<f64>() / t.roots_ns;
+            let got = n["latency_share"].as_f64().unwrap();
             assert!(
-                (got - want).abs() <= 1e-6 * want,
-                "{service}/{name} {key}: {got} vs {want}"
+                (got - share).abs() <= 1e-6 * share,
+                "{service}/{name}: share {got} vs {share}"
             );
         }
-        let share = d.iter().sum::<f64>() / t.roots_ns;
-        let got = n["latency_share"].as_f64().unwrap();
-        assert!(
-            (got - share).abs() <= 1e-6 * share,
-            "{service}/{name}: share {got} vs {share}"
-        );
+        // the same edges both ways
+        let calls = |g: &serde_json::Value| -> Vec<(String, u64)> {
+            g["edges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["id"].as_str().unwrap().to_owned(),
+                        e["calls"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(calls(g), calls(&exact));
     }
     let edge = g["edges"]
         .as_array()
@@ -250,6 +271,33 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
             .all(|e| e["source"] != e["target"]),
         "{services}"
     );
+    let services_exact = ok(
+        &c,
+        &w,
+        "lineage/operations?level=service&exact=true",
+        "fleet",
+    )
+    .await;
+    let counts = |g: &serde_json::Value, what: &str| -> Vec<(String, u64)> {
+        g[what]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["id"].as_str().unwrap().to_owned(),
+                    e["calls"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    for what in ["nodes", "edges"] {
+        assert_eq!(
+            counts(&services, what),
+            counts(&services_exact, what),
+            "{what}"
+        );
+    }
 
     // dimension lineage: requests and every span of their generate subtrees, per combination
     let d = ok(

@@ -1,9 +1,13 @@
 //! A DDSketch-style quantile sketch: a value `v > 0` falls in bin `ceil(ln v / ln γ)` with
 //! `γ = (1 + α) / (1 − α)`; any quantile read back from the bins is within relative error `α`
-//! of the exact one. Bins add up, so sketches of steps, blocks or groups merge by adding.
-//! The bins are counted in SQL (`GROUP BY` the bin expression), so only bins travel.
+//! of the exact one. Bins add up, so sketches of steps, blocks or groups merge by adding: a
+//! span block keeps sketches of its spans' durations (see [`crate::rollup`]), and the
+//! analytics count bins in SQL (`GROUP BY` the bin expression) so that only bins travel.
 
 use std::collections::BTreeMap;
+
+use crate::codec::{Reader, Writer};
+use crate::error::Result;
 
 /// The relative error of every sketch answer.
 pub const RELATIVE_ERROR: f64 = 0.01;
@@ -13,6 +17,15 @@ pub const ZERO_BIN: i64 = i64::MIN;
 
 pub fn gamma() -> f64 {
     (1.0 + RELATIVE_ERROR) / (1.0 - RELATIVE_ERROR)
+}
+
+/// The bin of a value.
+pub fn bin_of(value: f64) -> i64 {
+    if value > 0.0 {
+        (value.ln() / gamma().ln()).ceil() as i64
+    } else {
+        ZERO_BIN
+    }
 }
 
 /// SQL for the bin of `value` (a DOUBLE expression).
@@ -33,7 +46,7 @@ pub fn bin_value(bin: i64) -> f64 {
 }
 
 /// Bin counts of one group.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sketch {
     bins: BTreeMap<i64, u64>,
     count: u64,
@@ -53,6 +66,38 @@ impl Sketch {
 
     pub fn count(&self) -> u64 {
         self.count
+    }
+
+    /// Adds one value.
+    pub fn insert(&mut self, value: f64) {
+        self.add(bin_of(value), 1);
+    }
+
+    /// Bins ascending, each with its count: a varint bin count, then each bin as a zigzag
+    /// delta from the previous one and its count.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        w.u64(self.bins.len() as u64);
+        let mut last = 0i64;
+        for (b, n) in &self.bins {
+            w.i64(b.wrapping_sub(last));
+            w.u64(*n);
+            last = *b;
+        }
+    }
+
+    pub(crate) fn decode(r: &mut Reader) -> Result<Self> {
+        let mut s = Sketch::default();
+        let mut last = 0i64;
+        for _ in 0..r.u64()? {
+            last = last.wrapping_add(r.i64()?);
+            s.add(last, r.u64()?);
+        }
+        Ok(s)
+    }
+
+    /// What the sketch takes in memory, about.
+    pub fn weight(&self) -> usize {
+        48 + self.bins.len() * 40
     }
 
     /// The `q` quantile (0 ≤ q ≤ 1) as `percentile_cont` defines it: at rank `q · (n − 1)`,
@@ -91,7 +136,7 @@ mod tests {
         let values: Vec<f64> = (1..=10_000).map(|i| (i as f64).powf(1.7) / 13.0).collect();
         let mut s = Sketch::default();
         for v in &values {
-            s.add((v.ln() / gamma().ln()).ceil() as i64, 1);
+            s.insert(*v);
         }
         for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
             // percentile_cont: interpolated between the ranks either side
@@ -112,5 +157,18 @@ mod tests {
         let m = two.quantile(0.5).unwrap();
         assert!((m - 505.0).abs() <= RELATIVE_ERROR * 505.0, "{m}");
         assert_eq!(Sketch::default().quantile(0.5), None);
+    }
+
+    #[test]
+    fn sketches_read_back_as_written() {
+        let mut s = Sketch::default();
+        for v in [0.0, 1.0, 3.5, 1e9, 1e9, 2e-3] {
+            s.insert(v);
+        }
+        let mut w = Writer::default();
+        s.encode(&mut w);
+        let back = Sketch::decode(&mut Reader::new(&w.buf)).unwrap();
+        assert_eq!(back.bins, s.bins);
+        assert_eq!(back.count(), 6);
     }
 }
