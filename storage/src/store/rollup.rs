@@ -10,6 +10,7 @@ use crate::block::reader::NO_PARENT;
 use crate::block::writer::col;
 use crate::model::StatusCode;
 use crate::rollup::OpRollup;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Decoded block rollups kept in memory, in bytes.
 pub const ROLLUP_CACHE_BYTES: usize = 32 << 20;
@@ -98,13 +99,18 @@ impl Store {
         if orphans.is_empty() {
             return Ok(());
         }
-        let traces: HashSet<TraceId> = orphans.iter().map(|o| o.trace).collect();
-        // (trace, span id) → operation, of the spans of those traces in range
-        let mut parents: HashMap<(TraceId, SpanId), u32> = HashMap::new();
+        let traces: FxHashSet<TraceId> = orphans.iter().map(|o| o.trace).collect();
+        // (trace, span id) of each parent wanted → its operation, once found in range
+        let mut parents: FxHashMap<(TraceId, SpanId), Option<u32>> = FxHashMap::default();
+        parents.reserve(orphans.len());
+        for o in &orphans {
+            parents.insert((o.trace, o.parent), None);
+        }
         for s in snapshot.head.rows() {
-            if traces.contains(&s.trace_id) && range.contains(&s.start.0) {
-                let op = total.op(s.service_name(), &s.name);
-                parents.insert((s.trace_id, s.span_id), op);
+            if range.contains(&s.start.0)
+                && let Some(slot) = parents.get_mut(&(s.trace_id, s.span_id))
+            {
+                *slot = Some(total.op(s.service_name(), &s.name));
             }
         }
         let mut per_block: BTreeMap<BlockAddr, Vec<(u32, u32, TraceId)>> = BTreeMap::new();
@@ -132,16 +138,17 @@ impl Store {
             let mut i = 0;
             for (_, len, trace) in runs {
                 for _ in 0..len {
-                    if range.contains(&(starts[i] as u64)) {
-                        let op = total.op(services.value(i), names.value(i));
-                        parents.insert((trace, ids[i]), op);
+                    if range.contains(&(starts[i] as u64))
+                        && let Some(slot) = parents.get_mut(&(trace, ids[i]))
+                    {
+                        *slot = Some(total.op(services.value(i), names.value(i)));
                     }
                     i += 1;
                 }
             }
         }
         for o in orphans {
-            if let Some(&p) = parents.get(&(o.trace, o.parent)) {
+            if let Some(&Some(p)) = parents.get(&(o.trace, o.parent)) {
                 total.add_edge(p, o.op, o.duration_ns);
             }
         }
