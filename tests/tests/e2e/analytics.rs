@@ -178,6 +178,21 @@ fn truth(cfg: GenConfig) -> Truth {
     t
 }
 
+/// The `calls` of a graph's nodes or edges, by id, in the answer's order.
+fn calls_by_id(g: &serde_json::Value, what: &str) -> Vec<(String, u64)> {
+    g[what]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["id"].as_str().unwrap().to_owned(),
+                e["calls"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// PostgreSQL's `percentile_cont` of sorted values.
 fn percentile_cont(sorted: &[f64], q: f64) -> f64 {
     let pos = q * (sorted.len() - 1) as f64;
@@ -238,20 +253,7 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
             );
         }
         // the same edges both ways
-        let calls = |g: &serde_json::Value| -> Vec<(String, u64)> {
-            g["edges"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| {
-                    (
-                        e["id"].as_str().unwrap().to_owned(),
-                        e["calls"].as_u64().unwrap(),
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(calls(g), calls(&exact));
+        assert_eq!(calls_by_id(g, "edges"), calls_by_id(&exact, "edges"));
     }
     let edge = g["edges"]
         .as_array()
@@ -278,23 +280,10 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
         "fleet",
     )
     .await;
-    let counts = |g: &serde_json::Value, what: &str| -> Vec<(String, u64)> {
-        g[what]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                (
-                    e["id"].as_str().unwrap().to_owned(),
-                    e["calls"].as_u64().unwrap(),
-                )
-            })
-            .collect()
-    };
     for what in ["nodes", "edges"] {
         assert_eq!(
-            counts(&services, what),
-            counts(&services_exact, what),
+            calls_by_id(&services, what),
+            calls_by_id(&services_exact, what),
             "{what}"
         );
     }
