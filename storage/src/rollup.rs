@@ -37,11 +37,29 @@ pub struct NodeStats {
     pub durations: Sketch,
 }
 
+impl NodeStats {
+    /// Adds another's counts and sketch.
+    pub fn merge(&mut self, other: &NodeStats) {
+        self.calls += other.calls;
+        self.errors += other.errors;
+        self.sum_ns += other.sum_ns;
+        self.durations.merge(&other.durations);
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EdgeStats {
     pub calls: u64,
     /// The children's durations.
     pub durations: Sketch,
+}
+
+impl EdgeStats {
+    /// Adds another's calls and sketch.
+    pub fn merge(&mut self, other: &EdgeStats) {
+        self.calls += other.calls;
+        self.durations.merge(&other.durations);
+    }
 }
 
 /// A child span whose parent is not among the spans of its rollup.
@@ -120,19 +138,13 @@ impl OpRollup {
     pub fn absorb(&mut self, other: &OpRollup) {
         let map: Vec<u32> = other.ops.iter().map(|o| self.op_owned(o.clone())).collect();
         for (i, n) in other.nodes.iter().enumerate() {
-            let into = &mut self.nodes[map[i] as usize];
-            into.calls += n.calls;
-            into.errors += n.errors;
-            into.sum_ns += n.sum_ns;
-            into.durations.merge(&n.durations);
+            self.nodes[map[i] as usize].merge(n);
         }
         for (&(p, c), e) in &other.edges {
-            let into = self
-                .edges
+            self.edges
                 .entry((map[p as usize], map[c as usize]))
-                .or_default();
-            into.calls += e.calls;
-            into.durations.merge(&e.durations);
+                .or_default()
+                .merge(e);
         }
         self.roots_ns += other.roots_ns;
         self.orphans.extend(other.orphans.iter().map(|o| Orphan {

@@ -216,6 +216,7 @@ pub async fn operations(run: &mut Run<'_>, mut p: Params) -> Result<Graph> {
 /// rest exact; cost by blocks, not by spans. Filters by service and operation apply to the
 /// nodes and to the child side of edges, as in SQL.
 async fn operations_of_rollups(run: &mut Run<'_>, p: &Params, services: bool) -> Result<Graph> {
+    use weft_storage::rollup::{EdgeStats, NodeStats};
     use weft_storage::sketch::{RELATIVE_ERROR, Sketch};
     let store = run.engine.store().clone();
     let tenant = run.tenant.clone();
@@ -239,35 +240,22 @@ async fn operations_of_rollups(run: &mut Run<'_>, p: &Params, services: bool) ->
     };
     let id_of =
         |(service, name): &(String, String)| node_id(service, (!services).then_some(name.as_str()));
-    struct Acc {
-        title: String,
-        subtitle: String,
-        calls: u64,
-        errors: u64,
-        sum_ns: u128,
-        durations: Sketch,
-    }
-    let mut nodes: BTreeMap<String, Acc> = BTreeMap::new();
+    // by node id: title, subtitle, the node's stats summed over its operations
+    let mut nodes: BTreeMap<String, (String, String, NodeStats)> = BTreeMap::new();
     for (op, n) in rollup.ops.iter().zip(&rollup.nodes) {
         if !keep(op) || n.calls == 0 {
             continue;
         }
-        let a = nodes.entry(id_of(op)).or_insert_with(|| Acc {
-            title: op.0.clone(),
-            subtitle: if services {
-                String::new()
-            } else {
-                op.1.clone()
-            },
-            calls: 0,
-            errors: 0,
-            sum_ns: 0,
-            durations: Sketch::default(),
-        });
-        a.calls += n.calls;
-        a.errors += n.errors;
-        a.sum_ns += n.sum_ns;
-        a.durations.merge(&n.durations);
+        let subtitle = if services {
+            String::new()
+        } else {
+            op.1.clone()
+        };
+        nodes
+            .entry(id_of(op))
+            .or_insert_with(|| (op.0.clone(), subtitle, NodeStats::default()))
+            .2
+            .merge(n);
     }
     let roots = rollup.roots_ns as f64;
     let ms = |s: &Sketch, q: f64| s.quantile(q).unwrap_or(0.0) / 1e6;
@@ -275,7 +263,7 @@ async fn operations_of_rollups(run: &mut Run<'_>, p: &Params, services: bool) ->
         relative_error: Some(RELATIVE_ERROR),
         ..Graph::default()
     };
-    for (id, a) in nodes {
+    for (id, (title, subtitle, a)) in nodes {
         graph.nodes.push(Node {
             id,
             kind: if services { "service" } else { "operation" },
@@ -286,28 +274,29 @@ async fn operations_of_rollups(run: &mut Run<'_>, p: &Params, services: bool) ->
             } else {
                 0.0
             },
-            title: a.title,
-            subtitle: a.subtitle,
+            title,
+            subtitle,
             calls: a.calls,
             errors: a.errors,
         });
     }
-    let mut edges: BTreeMap<(String, String), (u64, Sketch)> = BTreeMap::new();
+    let mut edges: BTreeMap<(String, String), EdgeStats> = BTreeMap::new();
     for (&(parent, child), e) in &rollup.edges {
         let (parent, child) = (&rollup.ops[parent as usize], &rollup.ops[child as usize]);
         if !keep(child) || (services && parent.0 == child.0) {
             continue;
         }
-        let acc = edges.entry((id_of(parent), id_of(child))).or_default();
-        acc.0 += e.calls;
-        acc.1.merge(&e.durations);
+        edges
+            .entry((id_of(parent), id_of(child)))
+            .or_default()
+            .merge(e);
     }
-    for ((source, target), (calls, durations)) in edges {
+    for ((source, target), e) in edges {
         graph.edges.push(Edge {
             source,
             target,
-            calls,
-            p99_ms: ms(&durations, 0.99),
+            calls: e.calls,
+            p99_ms: ms(&e.durations, 0.99),
         });
     }
     graph.partial = run.partial;

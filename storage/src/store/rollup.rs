@@ -178,18 +178,17 @@ fn rollup_of_rows(
     set: &RoaringBitmap,
 ) -> Result<OpRollup> {
     let Some(places) = reader.parent_rows(set)? else {
-        // no parent ranks (a trace holds one span id twice, or an old block): the spans
-        let spans = reader.spans(&Rows::Set(set.clone()), false)?;
-        let mut r = OpRollup::of_spans(&spans.iter().collect::<Vec<_>>());
-        let ids: HashSet<(TraceId, SpanId)> =
-            spans.iter().map(|s| (s.trace_id, s.span_id)).collect();
-        // parents in the block but out of range are no edge
+        // no parent ranks (a trace holds one span id twice, or an old block): the spans,
+        // read once; parents in the block but out of range are no edge
         let all = reader.spans(&Rows::All, false)?;
-        let held: HashSet<(TraceId, SpanId)> = all
+        let (chosen, rest): (Vec<(usize, &SpanRecord)>, Vec<_>) = all
             .iter()
-            .filter(|s| !ids.contains(&(s.trace_id, s.span_id)))
-            .map(|s| (s.trace_id, s.span_id))
-            .collect();
+            .enumerate()
+            .partition(|(i, _)| set.contains(*i as u32));
+        let chosen: Vec<&SpanRecord> = chosen.into_iter().map(|(_, s)| s).collect();
+        let mut r = OpRollup::of_spans(&chosen);
+        let held: FxHashSet<(TraceId, SpanId)> =
+            rest.iter().map(|(_, s)| (s.trace_id, s.span_id)).collect();
         r.orphans.retain(|o| !held.contains(&(o.trace, o.parent)));
         return Ok(r);
     };
