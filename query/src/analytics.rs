@@ -18,6 +18,7 @@ pub mod leaks;
 pub mod lineage;
 pub mod params;
 pub mod percentiles;
+pub mod requests;
 pub mod saturation;
 pub mod signals;
 pub use weft_storage::sketch;

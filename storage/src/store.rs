@@ -439,6 +439,10 @@ pub struct Store {
     matches: Bounded<Arc<RoaringBitmap>>,
     /// Span blocks' operation rollups decoded (see [`crate::rollup`]), by chunk key.
     rollups: Bounded<Arc<crate::rollup::OpRollup>>,
+    /// Span blocks' latency histograms decoded (see [`crate::heat`]), by chunk key.
+    heats: Bounded<Arc<crate::heat::BlockHeat>>,
+    /// Span blocks' request rollups decoded (see [`crate::requests`]), by chunk key.
+    request_rollups: Bounded<Arc<crate::requests::RequestRollup>>,
     /// Split traces' request values, resolved over the current blocks.
     resolved: request::ResolvedSplits,
     pub stats: StoreStats,
@@ -554,6 +558,8 @@ impl Store {
             metric_points: Bounded::new(METRIC_POINTS_CACHE_BYTES),
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             rollups: Bounded::new(rollup::ROLLUP_CACHE_BYTES),
+            heats: Bounded::new(heat::HEAT_CACHE_BYTES),
+            request_rollups: Bounded::new(requests::REQUESTS_CACHE_BYTES),
             resolved: Default::default(),
             stats: StoreStats::default(),
             text,
@@ -2186,16 +2192,19 @@ impl ChunkSource for ChunkFetcher<'_> {
 mod check;
 mod damage;
 mod expire;
+mod heat;
 mod logs;
 mod merge;
 mod metrics;
 mod request;
+mod requests;
 mod retire;
 mod rollup;
 
 pub use check::{CheckReport, check};
 pub use damage::DamagedBlock;
 pub use request::{ResolvedTraces, TraceRequests};
+pub use requests::RequestTable;
 
 pub use logs::{BodyTest, LogScan, TextHits};
 pub use metrics::{MetricScan, SeriesCatalog};

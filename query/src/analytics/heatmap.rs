@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::exec::{Run, steps};
 use super::params::{Groups, Params, Result, dim_exprs, groups, invalid};
 use super::percentiles::step_of;
-use super::signals::{TOKEN_SPANS, span_signal};
+use super::signals::{SpanSignal, TOKEN_SPANS, span_signal};
 
 pub const PARAMS: &[&str] = &["x", "step", "y", "buckets", "by"];
 
@@ -116,6 +116,11 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
             step.as_nanos() as u64,
         )
     };
+    if let Some(cells) = of_rollups(run, &p, &signal.name, &buckets, &dims, by_token, step).await? {
+        return Ok(assemble(
+            run, &p, signal, &buckets, &dims, by_token, step, cells,
+        ));
+    }
     let mut conditions = vec![format!("({})", signal.condition)];
     if by_token {
         conditions.push(TOKEN_SPANS.into());
@@ -144,9 +149,35 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
          WHERE v IS NOT NULL AND x IS NOT NULL GROUP BY x{keys}, b",
         signal.value
     );
-    let empty = |partial| Heatmap {
+    let Some(rows) = run.sql_or_partial(&query).await? else {
+        return Ok(empty(signal, by_token, true));
+    };
+    let cells = Cells {
+        xs: rows.i64(0),
+        labels: rows.labels(1, &dims),
+        buckets: rows.i64(1 + dims.len()),
+        counts: rows.i64(2 + dims.len()),
+        exemplars: rows.strings(3 + dims.len()),
+    };
+    Ok(assemble(
+        run, &p, signal, &buckets, &dims, by_token, step, cells,
+    ))
+}
+
+/// The non-empty cells of a heatmap, column by column: x, group labels, value bucket (a
+/// power of two or an index into the bounds), count, exemplar.
+struct Cells {
+    xs: Vec<Option<i64>>,
+    labels: Vec<BTreeMap<String, String>>,
+    buckets: Vec<Option<i64>>,
+    counts: Vec<Option<i64>>,
+    exemplars: Vec<Option<String>>,
+}
+
+fn empty(signal: SpanSignal, by_token: bool, partial: bool) -> Heatmap {
+    Heatmap {
         x_axis: if by_token { "token_index" } else { "time" },
-        y: signal.name.clone(),
+        y: signal.name,
         unit: signal.unit,
         x: Vec::new(),
         y_upper_bounds: Vec::new(),
@@ -157,19 +188,119 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         },
         groups: Vec::new(),
         partial,
+    }
+}
+
+/// A heatmap over time of span durations or inter-token latency in log2 buckets, without
+/// groups or attribute filters, from the blocks' heat rollups (`weft_storage::heat`): exact,
+/// when the step and the range's ends are whole seconds. `None` when it cannot answer.
+async fn of_rollups(
+    run: &mut Run<'_>,
+    p: &Params,
+    y: &str,
+    buckets: &Buckets,
+    dims: &[String],
+    by_token: bool,
+    step: u64,
+) -> Result<Option<Cells>> {
+    use weft_storage::heat::{TOKEN_SPAN, Track};
+    const SECOND: u64 = 1_000_000_000;
+    let (track, only) = match y {
+        "itl" | "decode_latency" => (Track::Itl, Some(TOKEN_SPAN.to_owned())),
+        "duration" => (Track::Duration, None),
+        n if n.starts_with("span:") => (Track::Duration, Some(n[5..].to_owned())),
+        _ => return Ok(None),
     };
-    let Some(rows) = run.sql_or_partial(&query).await? else {
-        return Ok(empty(true));
+    if by_token
+        || !matches!(buckets, Buckets::Log2)
+        || !dims.is_empty()
+        || !p.attrs.is_empty()
+        || step % SECOND != 0
+    {
+        return Ok(None);
+    }
+    let store = run.engine.store().clone();
+    let tenant = run.tenant.clone();
+    let (start, end) = (p.start, p.end);
+    let (service, name) = (p.service.clone(), p.name.clone());
+    let work = tokio::task::spawn_blocking(move || {
+        let keep = |s: &str, n: &str| {
+            service.as_deref().is_none_or(|x| x == s)
+                && name.as_deref().is_none_or(|x| x == n)
+                && only.as_deref().is_none_or(|x| x == n)
+        };
+        let mut cells: rustc_hash::FxHashMap<(i64, i16), (u64, weft_storage::model::TraceId)> =
+            Default::default();
+        let answered = store.heat_cells(
+            &tenant,
+            start,
+            end,
+            track,
+            &keep,
+            &mut |second, b, n, ex| {
+                let x = (second * SECOND / step * step) as i64;
+                let cell = cells.entry((x, b)).or_insert((0, *ex));
+                cell.0 += n;
+                if *ex > cell.1 {
+                    cell.1 = *ex;
+                }
+            },
+        )?;
+        Ok::<_, weft_storage::error::StorageError>(answered.then_some(cells))
+    });
+    let cells = match tokio::time::timeout(run.left(), work).await {
+        Err(_) => {
+            run.partial = true;
+            Default::default()
+        }
+        Ok(joined) => {
+            match joined
+                .map_err(|e| crate::sql::SqlError::internal(format!("heat rollup: {e}")))?
+                .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?
+            {
+                Some(cells) => cells,
+                None => return Ok(None),
+            }
+        }
     };
-    let xs = rows.i64(0);
-    let labels = rows.labels(1, &dims);
-    let (b, n, ex) = (
-        rows.i64(1 + dims.len()),
-        rows.i64(2 + dims.len()),
-        rows.strings(3 + dims.len()),
-    );
-    if rows.is_empty() {
-        return Ok(empty(run.partial));
+    let mut out = Cells {
+        xs: Vec::with_capacity(cells.len()),
+        labels: Vec::new(),
+        buckets: Vec::with_capacity(cells.len()),
+        counts: Vec::with_capacity(cells.len()),
+        exemplars: Vec::with_capacity(cells.len()),
+    };
+    for ((x, b), (n, ex)) in cells {
+        out.xs.push(Some(x));
+        out.buckets.push(Some(b.into()));
+        out.counts.push(Some(n as i64));
+        out.exemplars.push(Some(ex.to_hex()));
+    }
+    Ok(Some(out))
+}
+
+/// The grid of the cells: the x axis (every step of the range for time), the value buckets,
+/// counts and exemplars, in total and per group.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    run: &Run<'_>,
+    p: &Params,
+    signal: SpanSignal,
+    buckets: &Buckets,
+    dims: &[String],
+    by_token: bool,
+    step: u64,
+    cells: Cells,
+) -> Heatmap {
+    let Cells {
+        xs,
+        labels,
+        buckets: b,
+        counts: n,
+        exemplars: ex,
+    } = cells;
+    if xs.is_empty() {
+        return empty(signal, by_token, run.partial);
     }
     // the x axis: every step of the range (time), or from the first to the last seen
     let seen_lo = xs.iter().flatten().min().copied().unwrap_or(0);
@@ -190,7 +321,7 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         .take_while(|v| *v <= hi)
         .collect();
     // value buckets: every power of two from the least to the greatest seen, or the bounds
-    let (b_lo, y_upper_bounds): (i64, Vec<Option<f64>>) = match &buckets {
+    let (b_lo, y_upper_bounds): (i64, Vec<Option<f64>>) = match buckets {
         Buckets::Log2 => {
             let lo = b.iter().flatten().min().copied().unwrap_or(0);
             let hi = b.iter().flatten().max().copied().unwrap_or(0);
@@ -214,7 +345,7 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
     };
     let mut total = grid();
     let mut groups: BTreeMap<BTreeMap<String, String>, Grid> = BTreeMap::new();
-    for row in 0..rows.len() {
+    for row in 0..xs.len() {
         let (Some(xv), Some(bv)) = (xs[row], b[row]) else {
             continue;
         };
@@ -240,7 +371,7 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
             add(g);
         }
     }
-    Ok(Heatmap {
+    Heatmap {
         x_axis: if by_token { "token_index" } else { "time" },
         y: signal.name,
         unit: signal.unit,
@@ -249,7 +380,7 @@ pub async fn heatmap(run: &mut Run<'_>, mut p: Params) -> Result<Heatmap> {
         total,
         groups: groups.into_values().collect(),
         partial: run.partial,
-    })
+    }
 }
 
 impl Heatmap {

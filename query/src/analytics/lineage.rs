@@ -393,6 +393,13 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
         return Err(invalid("dims: name one to eight dimensions"));
     }
     run.fit_rows(&mut p).await?;
+    if let Some(rows) = dimensions_of_requests(run, &p, &dims).await? {
+        return Ok(Dimensions {
+            dims,
+            rows,
+            partial: run.partial,
+        });
+    }
     let all_inherited = dims.iter().all(|d| inherited(d));
     let exprs = dim_exprs(&dims);
     let Groups { select: cols, keys } = groups(&exprs);
@@ -476,6 +483,90 @@ pub async fn dimensions(run: &mut Run<'_>, mut p: Params) -> Result<Dimensions> 
         rows: out,
         partial: run.partial,
     })
+}
+
+/// Dimension lineage over request dimensions alone, from the blocks' request tables
+/// (`weft_storage::requests`): the same rows as the SQL, percentiles exact. `None` when the
+/// tables cannot answer (another dimension, a `service` or `name` filter, an `attr.` filter on
+/// anything but a request dimension, a range end inside a block).
+async fn dimensions_of_requests(
+    run: &mut Run<'_>,
+    p: &Params,
+    dims: &[String],
+) -> Result<Option<Vec<DimensionRow>>> {
+    use super::requests::{attr_filters, passes, slot, table, value};
+    let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
+    let (Some(slots), Some(filters)) = (slots, attr_filters(p)) else {
+        return Ok(None);
+    };
+    if p.service.is_some() || p.name.is_some() {
+        return Ok(None);
+    }
+    let Some(table) = table(run, p, true).await? else {
+        return Ok(None);
+    };
+    let t = &table.rollup;
+    let key = |tuple: u32| -> Option<Vec<Option<&str>>> {
+        let k: Vec<Option<&str>> = slots.iter().map(|&s| value(t, tuple, s)).collect();
+        k.iter().any(Option::is_some).then_some(k)
+    };
+    #[derive(Default)]
+    struct Group<'a> {
+        spans: u64,
+        traces: std::collections::HashSet<&'a weft_storage::model::TraceId>,
+        durations: Vec<f64>,
+        errors: u64,
+    }
+    let mut groups: BTreeMap<Vec<Option<&str>>, Group<'_>> = BTreeMap::new();
+    for (tuple, n) in t.spans.iter().enumerate() {
+        if *n == 0 || !passes(t, tuple as u32, &filters) {
+            continue;
+        }
+        if let Some(k) = key(tuple as u32) {
+            groups.entry(k).or_default().spans += n;
+        }
+    }
+    for q in &t.requests {
+        if !passes(t, q.tuple, &filters) {
+            continue;
+        }
+        if let Some(g) = key(q.tuple).and_then(|k| groups.get_mut(&k)) {
+            g.traces.insert(&q.trace);
+            g.durations.push(q.duration_ns as f64);
+            g.errors += u64::from(q.error);
+        }
+    }
+    let mut out: Vec<DimensionRow> = groups
+        .into_iter()
+        .map(|(k, mut g)| {
+            g.durations.sort_by(f64::total_cmp);
+            let reqs = g.durations.len();
+            DimensionRow {
+                values: k.into_iter().map(|v| v.map(str::to_owned)).collect(),
+                requests: g.traces.len() as u64,
+                spans: g.spans,
+                p50_ms: percentile_cont(&g.durations, 0.5) / 1e6,
+                p99_ms: percentile_cont(&g.durations, 0.99) / 1e6,
+                error_rate: if reqs > 0 {
+                    g.errors as f64 / reqs as f64
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.values.cmp(&b.values)));
+    Ok(Some(out))
+}
+
+/// The continuous percentile of sorted values (SQL's `percentile_cont`); NaN for none.
+fn percentile_cont(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let at = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo as f64)
 }
 
 impl Dimensions {

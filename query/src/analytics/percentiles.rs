@@ -77,6 +77,16 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         steps(s, e, step, "step")?;
     }
     run.fit_rows(&mut p).await?;
+    if !exact && let Some(series) = of_requests(run, &p, &signal.name, &qs, &dims, step).await? {
+        return Ok(Percentiles {
+            signal: signal.name,
+            unit: signal.unit,
+            quantiles: qs,
+            relative_error: Some(RELATIVE_ERROR),
+            series,
+            partial: run.partial,
+        });
+    }
     let filter = p.where_clause(&[format!("({})", signal.condition)])?;
     let Groups {
         select: groups,
@@ -164,6 +174,89 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
             .collect(),
         partial: run.partial,
     })
+}
+
+/// The sketched quantiles of a request signal grouped by request dimensions, from the
+/// blocks' request tables (`weft_storage::requests`): the same values SQL computes, binned
+/// the same way. `None` when the tables cannot answer (another signal or group, a `service`
+/// or `name` filter, an `attr.` filter on anything but a request dimension).
+async fn of_requests(
+    run: &mut Run<'_>,
+    p: &Params,
+    signal: &str,
+    qs: &[f64],
+    dims: &[String],
+    step: std::time::Duration,
+) -> Result<Option<Vec<Series>>> {
+    use super::requests::{attr_filters, passes, slot, table, value};
+    use weft_storage::requests::RequestRow;
+    let of: fn(&RequestRow) -> Option<f64> = match signal {
+        "ttft" => |q| Some(q.ttft? * 1000.0),
+        "e2e" | "e2e_latency" => |q| Some(q.e2e.map_or(q.duration_ns as f64 / 1e6, |s| s * 1000.0)),
+        "tpot" => |q| {
+            let out = q.output_tokens.filter(|n| *n != 0)?;
+            Some(q.decode? * 1000.0 / out as f64)
+        },
+        "tokens_per_s" => |q| {
+            let decode = q.decode.filter(|d| *d != 0.0)?;
+            Some(q.output_tokens? as f64 / decode)
+        },
+        _ => return Ok(None),
+    };
+    let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
+    let (Some(slots), Some(filters)) = (slots, attr_filters(p)) else {
+        return Ok(None);
+    };
+    if p.service.is_some() || p.name.is_some() {
+        return Ok(None);
+    }
+    let Some(table) = table(run, p, false).await? else {
+        return Ok(None);
+    };
+    let t = &table.rollup;
+    let step = step.as_nanos() as u64;
+    // per group (its tuple's values of the dims), per step: a sketch
+    let mut groups: BTreeMap<Vec<Option<&str>>, BTreeMap<i64, Sketch>> = BTreeMap::new();
+    for q in &t.requests {
+        if !passes(t, q.tuple, &filters) {
+            continue;
+        }
+        let Some(v) = of(q) else { continue };
+        let key: Vec<Option<&str>> = slots.iter().map(|&s| value(t, q.tuple, s)).collect();
+        let at = (q.start_ns / step * step) as i64;
+        groups
+            .entry(key)
+            .or_default()
+            .entry(at)
+            .or_default()
+            .insert(v);
+    }
+    let mut series: BTreeMap<BTreeMap<String, String>, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
+    for (key, points) in groups {
+        let labels: BTreeMap<String, String> = dims
+            .iter()
+            .zip(key)
+            .filter_map(|(d, v)| Some((d.clone(), v?.to_owned())))
+            .collect();
+        let s = series.entry(labels).or_default();
+        for (at, sketch) in points {
+            s.push((
+                at,
+                qs.iter()
+                    .map(|q| sketch.quantile(*q).unwrap_or(f64::NAN))
+                    .collect(),
+            ));
+        }
+    }
+    Ok(Some(
+        series
+            .into_iter()
+            .map(|(labels, mut points)| {
+                points.sort_by_key(|p| p.0);
+                Series { labels, points }
+            })
+            .collect(),
+    ))
 }
 
 /// A quantile as the answers name it (`0.5`, `0.99`).

@@ -55,6 +55,9 @@ pub struct Pushdown {
     pub trace_ids: Option<Vec<TraceId>>,
     /// Per postings dimension, the terms one of which a row must have.
     pub dims: BTreeMap<&'static str, Vec<String>>,
+    /// Postings dimensions of which a row must have some term: `IS NOT NULL` on an indexed
+    /// dedicated column (every value its column holds is in its postings).
+    pub present: std::collections::BTreeSet<&'static str>,
     /// A filter that no row can pass (an impossible trace id, say).
     pub nothing: bool,
 }
@@ -234,6 +237,7 @@ impl Pushdown {
             })
         }
         match e {
+            Expr::IsNotNull(inner) => present_dim(columns, inner).is_some(),
             Expr::BinaryExpr(BinaryExpr {
                 left,
                 op: Operator::Eq,
@@ -300,6 +304,13 @@ impl Pushdown {
                     false
                 }
             }
+            Expr::IsNotNull(inner) => match present_dim(columns, inner) {
+                Some(dim) => {
+                    self.present.insert(dim);
+                    true
+                }
+                None => false,
+            },
             Expr::Between(Between {
                 expr,
                 negated: false,
@@ -463,11 +474,17 @@ impl Pushdown {
                     .and_then(|v| v.as_term()),
             };
             have.is_some_and(|h| terms.contains(&h))
+        }) && self.present.iter().all(|dim| {
+            DEDICATED
+                .iter()
+                .position(|x| x.name == *dim)
+                .and_then(|i| dedicated_value(r, i))
+                .is_some()
         })
     }
 
     pub fn uses_index(&self) -> bool {
-        self.trace_ids.is_some() || !self.dims.is_empty()
+        self.trace_ids.is_some() || !self.dims.is_empty() || !self.present.is_empty()
     }
 
     /// Whether a request column is filtered.
@@ -600,6 +617,22 @@ impl ScanPlan {
                     None => matching.as_ref().clone(),
                 });
             }
+            if use_pushdown {
+                for dim in &p.present {
+                    if selected.as_ref().is_some_and(RoaringBitmap::is_empty) {
+                        break;
+                    }
+                    let postings = store.dimension_shared(tenant, *addr, dim).map_err(err)?;
+                    let mut any = RoaringBitmap::new();
+                    for (_, rows) in postings.iter() {
+                        any |= rows;
+                    }
+                    selected = Some(match selected {
+                        Some(s) => s & any,
+                        None => any,
+                    });
+                }
+            }
             // rows older than the tenant's retention are never read, whatever the push-down
             if let Some(live) = store
                 .live_rows(tenant, snapshot, *addr, meta)
@@ -664,7 +697,28 @@ impl fmt::Display for Pushdown {
         for (dim, terms) in &self.dims {
             parts.push(format!("postings {dim} IN ({})", terms.join(", ")));
         }
+        for dim in &self.present {
+            parts.push(format!("postings {dim} present"));
+        }
         write!(f, "{}", parts.join(", "))
+    }
+}
+
+/// The postings dimension of `e` when it is an indexed dedicated column of text or integer
+/// type: its postings hold every row whose column has a value (values of another type are in
+/// neither), so `e IS NOT NULL` is the union of its postings.
+fn present_dim(columns: &SpanColumns, e: &Expr) -> Option<&'static str> {
+    let Expr::Column(c) = e else {
+        return None;
+    };
+    match &columns.cols[columns.index_of(c.name.as_str())?] {
+        SpanCol::Dedicated(i)
+            if DEDICATED[*i].indexed
+                && matches!(DEDICATED[*i].ty, ColumnType::Str | ColumnType::Int) =>
+        {
+            Some(DEDICATED[*i].name)
+        }
+        _ => None,
     }
 }
 

@@ -65,6 +65,10 @@ pub mod col {
     /// The block's operation rollup (see [`crate::rollup`]): not an Arrow chunk but the
     /// rollup's own encoding. Absent from blocks written before it.
     pub const ROLLUP_OPS: &str = "rollup_ops";
+    /// The block's latency histograms by second ([`crate::heat`]), its own encoding.
+    pub const ROLLUP_HEAT: &str = "rollup_heat";
+    /// The block's request rows and span counts by request values ([`crate::requests`]).
+    pub const ROLLUP_REQUESTS: &str = "rollup_requests";
     pub const DEDICATED_PREFIX: &str = "d:";
     pub const DYNAMIC_PREFIX: &str = "a:";
 }
@@ -428,7 +432,7 @@ pub fn build_block_with(
 
     let traces = trace_entries(&rows);
     let (places, unique) = parent_places(&rows, &traces);
-    add_request_postings(&mut postings, &traces, &places, &mut request_values);
+    let opens = add_request_postings(&mut postings, &traces, &places, &mut request_values);
 
     let mut ints = ints
         .into_iter()
@@ -549,17 +553,31 @@ pub fn build_block_with(
         push(name, Some(*ty), ColumnKind::Dynamic, array, enc)?;
     }
 
-    let rollup =
+    let ops =
         OpRollup::of_block(&rows, traces.iter().map(|t| (t.row_start, t.rows)), &places).encode();
-    columns.push(ColumnMeta {
-        name: col::ROLLUP_OPS.into(),
-        ty: None,
-        kind: ColumnKind::Core,
-        transform: Transform::None,
-        minority: false,
-        bytes: rollup.len() as u64,
-    });
-    chunks.push((col::ROLLUP_OPS.into(), rollup));
+    let heat = crate::heat::HeatRollup::of_spans(rows.iter().copied()).encode();
+    let requests = crate::requests::RequestRollup::of_block(
+        &rows,
+        traces.iter().map(|t| (t.row_start, t.rows)),
+        &request_values,
+        &opens,
+    )
+    .encode();
+    for (name, rollup) in [
+        (col::ROLLUP_OPS, ops),
+        (col::ROLLUP_HEAT, heat),
+        (col::ROLLUP_REQUESTS, requests),
+    ] {
+        columns.push(ColumnMeta {
+            name: name.into(),
+            ty: None,
+            kind: ColumnKind::Core,
+            transform: Transform::None,
+            minority: false,
+            bytes: rollup.len() as u64,
+        });
+        chunks.push((name.into(), rollup));
+    }
 
     let meta = BlockMeta {
         rows: n as u32,
@@ -764,7 +782,7 @@ fn add_request_postings(
     traces: &[TraceEntry],
     places: &[ParentPlace],
     values: &mut [Option<&Value>],
-) {
+) -> Vec<bool> {
     let dims = request::request_dims();
     let d = dims.len();
     // per dimension, the run being extended: its term and first row, and the value last seen
@@ -773,6 +791,7 @@ fn add_request_postings(
     let mut runs: Vec<Option<(String, u32)>> = vec![None; d];
     let mut last: Vec<Option<&Value>> = vec![None; d];
     let mut open: Option<u32> = None;
+    let mut opens = Vec::with_capacity(places.len());
     let end_run = |postings: &mut Postings, d: usize, run: Option<(String, u32)>, end: u32| {
         if let Some((term, first)) = run {
             postings.add_range(request::request_dim_name(d).to_owned(), term, first..end);
@@ -781,8 +800,9 @@ fn add_request_postings(
     for t in traces {
         let run = t.row_start as usize..(t.row_start + t.rows) as usize;
         let in_run = &mut values[run.start * d..run.end * d];
-        let opens = request::resolve_places(&places[run.clone()], in_run, d);
-        for (i, is_open) in run.zip(opens) {
+        let here = request::resolve_places(&places[run.clone()], in_run, d);
+        for (i, is_open) in run.zip(here) {
+            opens.push(is_open);
             let row = i as u32;
             for (slot, &dim) in dims.iter().enumerate() {
                 let value = values[i * d + slot];
@@ -824,4 +844,5 @@ fn add_request_postings(
         .or_default()
         .entry(OPEN_TERM.into())
         .or_default();
+    opens
 }

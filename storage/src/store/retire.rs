@@ -198,6 +198,8 @@ impl Store {
         self.metric_points.retain(live);
         self.matches.retain(live);
         self.rollups.retain(live);
+        self.heats.retain(live);
+        self.request_rollups.retain(live);
         let tenants: HashSet<&TenantId> = dead.iter().map(|(t, _, _)| t).collect();
         self.resolved.forget(|t| tenants.contains(t));
     }

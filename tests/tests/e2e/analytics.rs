@@ -357,6 +357,14 @@ async fn analytics_answer_from_the_data_and_find_the_injected_anomalies() {
         }
     }
     assert_eq!(seen, t.itl_cells);
+    // the same cells from SQL (a group asks it): the per-block heat rollups answer exactly
+    let hs = ok(&c, &w, "heatmap?y=itl&step=10s&by=service", "fleet").await;
+    assert_eq!(hs["x"], h["x"]);
+    assert_eq!(hs["y_upper_bounds"], h["y_upper_bounds"]);
+    assert_eq!(hs["counts"], h["counts"]);
+    if hs["groups"].as_array().unwrap().len() == 1 {
+        assert_eq!(hs["exemplars"], h["exemplars"]);
+    }
     // the same as a SQL table function
     let sq = rows(
         &c,

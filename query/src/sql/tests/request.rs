@@ -172,6 +172,30 @@ fn check(f: &Fixture) {
         let got = block_on(rows(f, sql, pushdown)).unwrap();
         assert_eq!(sorted(got), sorted(expected.clone()), "pushdown {pushdown}");
     }
+    // IS NOT NULL on an indexed column is answered by its postings (blocks and head alike),
+    // so late rows of other spans are not resolved; the request values are still exact
+    let mut want: Vec<Vec<String>> = all
+        .iter()
+        .filter(|s| s.attribute("worker.id").is_some())
+        .map(|s| vec![s.span_id.to_hex(), naive(all, s, "llm.model_version")])
+        .collect();
+    want.sort();
+    assert!(!want.is_empty() && want.len() < all.len());
+    let sql =
+        r#"SELECT span_id, "request.llm.model_version" FROM spans WHERE "worker.id" IS NOT NULL"#;
+    for pushdown in [true, false] {
+        let got = sorted(block_on(rows(f, sql, pushdown)).unwrap());
+        assert_eq!(got, want, "IS NOT NULL, pushdown {pushdown}");
+    }
+    let count =
+        r#"SELECT count(*) FROM spans WHERE "worker.id" IS NOT NULL AND name = 'llm.generate'"#;
+    let generates = all
+        .iter()
+        .filter(|s| s.attribute("worker.id").is_some() && s.name == "llm.generate")
+        .count();
+    assert!(generates > 0);
+    let got = block_on(rows(f, count, true)).unwrap();
+    assert_eq!(got, vec![vec![generates.to_string()]], "{count}");
     // filters on request columns select exactly the spans the walk finds
     let cases = [
         (r#""request.worker.id" = 'w-7'"#, ("worker.id", vec!["w-7"])),
@@ -284,4 +308,11 @@ fn explain_shows_request_postings() {
     // to apply, so the request column is not read
     assert!(!plan.contains("filter=["), "{plan}");
     assert!(!plan.contains("projection=[span_id, request"), "{plan}");
+    let plan = block_on(text_of(
+        &f,
+        r#"EXPLAIN SELECT span_id FROM spans WHERE "worker.id" IS NOT NULL"#,
+        true,
+    ));
+    assert!(plan.contains("postings worker.id present"), "{plan}");
+    assert!(!plan.contains("filter=["), "{plan}");
 }

@@ -1,7 +1,9 @@
-//! Operation rollups against a naive count over the spans: whole blocks (the rollup written
-//! with them), blocks a range cuts, head rows, traces split across blocks, merged blocks.
+//! Operation rollups and heat rollups against a naive count over the spans: whole blocks
+//! (the rollup written with them), blocks a range cuts, head rows, traces split across blocks,
+//! merged blocks.
 
 use super::*;
+use crate::heat::Track;
 use crate::rollup::{Op, OpRollup};
 use crate::sketch::RELATIVE_ERROR;
 
@@ -187,4 +189,276 @@ fn operation_rollups_agree_with_a_naive_count_over_blocks_ranges_head_and_merges
     // another tenant sees nothing
     let none = store.operation_rollup(&tenant("b"), None, None).unwrap();
     assert!(none.ops.is_empty() && none.roots_ns == 0);
+}
+
+/// (second, log2 bucket) → (count, greatest trace id).
+type HeatCells = BTreeMap<(u64, i16), (u64, TraceId)>;
+
+fn add_cell(cells: &mut HeatCells, second: u64, bucket: i16, n: u64, ex: TraceId) {
+    let c = cells.entry((second, bucket)).or_insert((0, ex));
+    c.0 += n;
+    c.1 = c.1.max(ex);
+}
+
+fn heat(
+    store: &Store,
+    t: &TenantId,
+    range: (Option<u64>, Option<u64>),
+    track: Track,
+    keep: &dyn Fn(&str, &str) -> bool,
+) -> Option<HeatCells> {
+    let mut cells = HeatCells::new();
+    let answered = store
+        .heat_cells(t, range.0, range.1, track, keep, &mut |s, b, n, ex| {
+            add_cell(&mut cells, s, b, n, *ex)
+        })
+        .unwrap();
+    answered.then_some(cells)
+}
+
+/// The cells counted from the spans: SQL's heatmap, `ceil(log2(ms))`.
+fn naive_heat(
+    all: &[SpanRecord],
+    range: (Option<u64>, Option<u64>),
+    track: Track,
+    keep: &dyn Fn(&str, &str) -> bool,
+) -> HeatCells {
+    let (lo, hi) = (range.0.unwrap_or(0), range.1.unwrap_or(u64::MAX));
+    let mut cells = HeatCells::new();
+    for s in all {
+        if !(lo..hi).contains(&s.start.0) || !keep(s.service_name(), &s.name) {
+            continue;
+        }
+        let duration = s.duration_ns() as f64 / 1e6;
+        let v = match track {
+            Track::Duration => duration,
+            Track::Itl if s.name == "llm.decode.token" => {
+                match s.attribute("llm.token.latency_ms") {
+                    Some(Value::Double(v)) => *v,
+                    _ => duration,
+                }
+            }
+            Track::Itl => continue,
+        };
+        let b = if v > 0.0 {
+            v.log2().ceil() as i16
+        } else {
+            -1075
+        };
+        add_cell(&mut cells, s.start.0 / 1_000_000_000, b, 1, s.trace_id);
+    }
+    cells
+}
+
+#[test]
+fn heat_rollups_agree_with_a_naive_count_over_blocks_whole_second_ranges_head_and_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        merge_idle: Duration::ZERO,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts).unwrap();
+    let t = tenant("a");
+    let mut all = spans(37);
+    // a token span without its own latency: its duration counts
+    let token = all
+        .iter_mut()
+        .find(|s| s.name == "llm.decode.token")
+        .unwrap();
+    token
+        .attributes
+        .retain(|kv| kv.key != "llm.token.latency_ms");
+    let (flushed, head) = all.split_at(all.len() - 150);
+    for chunk in flushed.chunks(230) {
+        store.append(&t, chunk.to_vec()).unwrap();
+        store.flush(true).unwrap();
+    }
+    store.append(&t, head.to_vec()).unwrap();
+    assert!(store.blocks(&t).len() >= 5);
+    let mut starts: Vec<u64> = all.iter().map(|s| s.start.0).collect();
+    starts.sort_unstable();
+    let second = |t: u64| t / 1_000_000_000 * 1_000_000_000;
+    let aligned = (
+        second(starts[starts.len() / 4]),
+        second(starts[starts.len() * 3 / 4]),
+    );
+    let everything = |_: &str, _: &str| true;
+    let engine_tokens = |s: &str, n: &str| s == "engine" && n == "llm.decode.token";
+    let generate = |_: &str, n: &str| n == "llm.generate";
+    let check = |store: &Store| {
+        let ranges = [
+            (None, None),
+            (Some(aligned.0), Some(aligned.1)),
+            (Some(aligned.1), None),
+            (None, Some(aligned.0)),
+        ];
+        let filters: [(Track, &dyn Fn(&str, &str) -> bool); 4] = [
+            (Track::Itl, &everything),
+            (Track::Itl, &engine_tokens),
+            (Track::Duration, &everything),
+            (Track::Duration, &generate),
+        ];
+        for range in ranges {
+            for (track, keep) in filters {
+                let want = naive_heat(&all, range, track, keep);
+                assert!(!want.is_empty());
+                let got = heat(store, &t, range, track, keep);
+                assert_eq!(got.as_ref(), Some(&want), "{range:?} {track:?}");
+            }
+        }
+        // an end inside a second that a block holds rows of: not answered, or answered right
+        let inside = (Some(aligned.0 + 1), Some(aligned.1 - 1));
+        if let Some(got) = heat(store, &t, inside, Track::Duration, &everything) {
+            assert_eq!(got, naive_heat(&all, inside, Track::Duration, &everything));
+        }
+    };
+    check(&store);
+    // an end inside a second cuts a block here: not answered from the cells
+    assert_eq!(
+        heat(
+            &store,
+            &t,
+            (Some(aligned.0 + 1), None),
+            Track::Duration,
+            &everything
+        ),
+        None
+    );
+    store.flush(true).unwrap();
+    check(&store);
+    assert!(store.merge_small_blocks().unwrap());
+    check(&store);
+    assert_eq!(
+        heat(&store, &tenant("b"), (None, None), Track::Itl, &everything),
+        Some(HeatCells::new())
+    );
+}
+
+/// A span's request values found by walking its ancestors one at a time, as terms.
+fn naive_values(all: &[SpanRecord], span: &SpanRecord) -> Vec<Option<String>> {
+    crate::request::request_dims()
+        .iter()
+        .map(|&col| {
+            let mut cur = span;
+            loop {
+                if let Some(v) = crate::request::dedicated_value(cur, col) {
+                    return v.as_term();
+                }
+                let parent = cur.parent_span_id?;
+                cur = all
+                    .iter()
+                    .find(|s| s.trace_id == cur.trace_id && s.span_id == parent)?;
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        merge_idle: Duration::ZERO,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts).unwrap();
+    let t = tenant("a");
+    let mut all = spans(41);
+    // two generate spans in three are request spans (a model asked, a TTFT measured)
+    for (i, s) in all
+        .iter_mut()
+        .filter(|s| s.name == "llm.generate")
+        .enumerate()
+    {
+        if i % 3 != 0 {
+            s.attributes.push(KeyValue::new(
+                "gen_ai.request.model",
+                Value::Str("m".into()),
+            ));
+            s.attributes.push(KeyValue::new(
+                "gen_ai.latency.time_to_first_token",
+                Value::Double(i as f64 / 100.0),
+            ));
+        }
+    }
+    let (flushed, head) = all.split_at(all.len() - 150);
+    for chunk in flushed.chunks(230) {
+        store.append(&t, chunk.to_vec()).unwrap();
+        store.flush(true).unwrap();
+    }
+    store.append(&t, head.to_vec()).unwrap();
+    assert!(!store.snapshot(&t).splits.is_empty());
+    type Counts = BTreeMap<Vec<Option<String>>, u64>;
+    let mut want_spans = Counts::new();
+    let mut want_requests: Vec<(TraceId, SpanId, Vec<Option<String>>, Option<f64>)> = Vec::new();
+    for s in &all {
+        let v = naive_values(&all, s);
+        *want_spans.entry(v.clone()).or_default() += 1;
+        if crate::requests::is_request(s) {
+            let ttft = match s.attribute("gen_ai.latency.time_to_first_token") {
+                Some(Value::Double(x)) => Some(*x),
+                _ => None,
+            };
+            want_requests.push((s.trace_id, s.span_id, v, ttft));
+        }
+    }
+    want_requests.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    assert!(want_requests.len() > 50);
+    let check = |store: &Store| {
+        let table = store
+            .request_table(&t, None, None, true)
+            .unwrap()
+            .expect("answered");
+        let r = &table.rollup;
+        let strings = |tuple: u32| -> Vec<Option<String>> {
+            r.tuples[tuple as usize]
+                .iter()
+                .map(|&v| (v != crate::requests::NONE).then(|| r.terms[v as usize].clone()))
+                .collect()
+        };
+        let mut got = Counts::new();
+        for (i, n) in r.spans.iter().enumerate() {
+            if *n > 0 {
+                *got.entry(strings(i as u32)).or_default() += n;
+            }
+        }
+        assert_eq!(got, want_spans);
+        let mut requests: Vec<_> = r
+            .requests
+            .iter()
+            .map(|q| (q.trace, q.span, strings(q.tuple), q.ttft))
+            .collect();
+        requests.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        assert_eq!(requests, want_requests);
+        // request rows alone over a range cutting blocks: those starting in it
+        let mut starts: Vec<u64> = all.iter().map(|s| s.start.0).collect();
+        starts.sort_unstable();
+        let (lo, hi) = (starts[starts.len() / 3], starts[starts.len() * 2 / 3]);
+        let part = store
+            .request_table(&t, Some(lo), Some(hi), false)
+            .unwrap()
+            .expect("answered");
+        let in_range = want_requests
+            .iter()
+            .filter(|q| {
+                let s = all
+                    .iter()
+                    .find(|s| s.span_id == q.1 && s.trace_id == q.0)
+                    .unwrap();
+                (lo..hi).contains(&s.start.0)
+            })
+            .count();
+        assert_eq!(part.rollup.requests.len(), in_range);
+        // with span counts, a range end inside a block is declined
+        assert!(
+            store
+                .request_table(&t, Some(lo), Some(hi), true)
+                .unwrap()
+                .is_none()
+        );
+    };
+    check(&store);
+    store.flush(true).unwrap();
+    check(&store);
+    assert!(store.merge_small_blocks().unwrap());
+    check(&store);
 }

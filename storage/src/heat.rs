@@ -1,0 +1,363 @@
+//! Per-block latency histograms by second: what a latency heatmap over time needs (counts by
+//! (time step × log2 latency bucket), one exemplar trace per cell), kept so that a heatmap over
+//! a long range reads a few kilobytes a block instead of every span.
+//!
+//! A [`HeatRollup`] holds, for the spans it covers, one cell per (operation, track, second of
+//! the start time, log2 bucket of the value in milliseconds): the spans counted and the
+//! greatest trace id among them (the exemplar). Tracks: every span's duration
+//! ([`Track::Duration`]), and for decode token spans (`llm.decode.token`) the inter-token
+//! latency ([`Track::Itl`]: `llm.token.latency_ms` when the span carries it, else its
+//! duration). A bucket is `ceil(log2(ms))` (values ≤ 0 in [`ZERO_BUCKET`]), exactly what the
+//! SQL heatmap computes, so that steps of whole seconds over ranges of whole seconds are
+//! answered exactly. Rollups merge by adding counts and keeping the greater exemplar.
+//!
+//! A span block keeps the rollup of its rows as a chunk written with the block (see
+//! `block::writer`); a block written before keeps none, and a heatmap over it runs on SQL.
+
+use std::sync::OnceLock;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::codec::{Reader, Writer};
+use crate::error::{Result, StorageError};
+use crate::model::{SpanRecord, TraceId, Value};
+use crate::request::dedicated_value;
+use crate::rollup::Op;
+use crate::schema::DEDICATED;
+
+/// Version of the encoded rollup.
+pub const HEAT_VERSION: u8 = 1;
+
+/// The bucket of values that are zero or negative (SQL's heatmap uses the same).
+pub const ZERO_BUCKET: i16 = -1075;
+
+/// The name of decode token spans, which carry inter-token latency.
+pub const TOKEN_SPAN: &str = "llm.decode.token";
+
+/// The attribute holding a token span's own latency, in ms.
+pub const TOKEN_LATENCY: &str = "llm.token.latency_ms";
+
+/// What a cell's value is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Track {
+    /// The span's duration.
+    Duration = 0,
+    /// A decode token span's latency.
+    Itl = 1,
+}
+
+impl Track {
+    fn from_u8(b: u8) -> Result<Self> {
+        match b {
+            0 => Ok(Self::Duration),
+            1 => Ok(Self::Itl),
+            b => Err(StorageError::corrupt(
+                "heat rollup",
+                format!("track {b} is unknown"),
+            )),
+        }
+    }
+}
+
+/// The log2 bucket of a value in ms: `ceil(log2(v))`, or [`ZERO_BUCKET`] when `v ≤ 0`.
+pub fn bucket_of(ms: f64) -> i16 {
+    if ms > 0.0 {
+        ms.log2()
+            .ceil()
+            .clamp(f64::from(i16::MIN), f64::from(i16::MAX)) as i16
+    } else {
+        ZERO_BUCKET
+    }
+}
+
+/// A token span's latency in ms: its `llm.token.latency_ms` (a double: what the dedicated
+/// column holds, and so what SQL reads), else its duration.
+pub fn token_latency_ms(span: &SpanRecord) -> f64 {
+    static COLUMN: OnceLock<Option<usize>> = OnceLock::new();
+    let column = *COLUMN.get_or_init(|| DEDICATED.iter().position(|d| d.name == TOKEN_LATENCY));
+    match column.and_then(|i| dedicated_value(span, i)) {
+        Some(Value::Double(v)) => *v,
+        _ => span.duration_ns() as f64 / 1e6,
+    }
+}
+
+/// One cell: the spans of one operation and track that started in one second with values
+/// in one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub op: u32,
+    pub track: Track,
+    /// Unix seconds of the spans' start.
+    pub second: u64,
+    pub bucket: i16,
+    pub count: u64,
+    /// The greatest trace id among the spans.
+    pub exemplar: TraceId,
+}
+
+type Key = (u32, Track, u64, i16);
+
+/// The cells of some spans.
+#[derive(Clone, Debug, Default)]
+pub struct HeatRollup {
+    /// The operations, in the order first seen.
+    pub ops: Vec<Op>,
+    cells: HashMap<Key, (u64, TraceId)>,
+    index: HashMap<Op, u32>,
+}
+
+impl HeatRollup {
+    fn op(&mut self, service: &str, name: &str) -> u32 {
+        // few operations: found without building the key
+        if self.ops.len() <= 16 {
+            if let Some(i) = self.ops.iter().position(|(s, n)| s == service && n == name) {
+                return i as u32;
+            }
+        }
+        self.op_owned((service.to_owned(), name.to_owned()))
+    }
+
+    fn op_owned(&mut self, op: Op) -> u32 {
+        if let Some(&i) = self.index.get(&op) {
+            return i;
+        }
+        let i = self.ops.len() as u32;
+        self.index.insert(op.clone(), i);
+        self.ops.push(op);
+        i
+    }
+
+    fn add(&mut self, key: Key, count: u64, exemplar: TraceId) {
+        let cell = self.cells.entry(key).or_insert((0, exemplar));
+        cell.0 += count;
+        if exemplar > cell.1 {
+            cell.1 = exemplar;
+        }
+    }
+
+    /// Counts one span of operation `op`.
+    fn add_span(&mut self, op: u32, s: &SpanRecord) {
+        let second = s.start.0 / 1_000_000_000;
+        let ms = s.duration_ns() as f64 / 1e6;
+        self.add((op, Track::Duration, second, bucket_of(ms)), 1, s.trace_id);
+        if s.name == TOKEN_SPAN {
+            let itl = token_latency_ms(s);
+            self.add((op, Track::Itl, second, bucket_of(itl)), 1, s.trace_id);
+        }
+    }
+
+    /// The rollup of some spans.
+    pub fn of_spans<'a>(spans: impl IntoIterator<Item = &'a SpanRecord>) -> Self {
+        let mut r = Self::default();
+        let mut last: Option<(&str, &str, u32)> = None;
+        for s in spans {
+            // rows of one operation come in runs: the last one's index without a lookup
+            let op = match last {
+                Some((service, name, op)) if service == s.service_name() && name == s.name => op,
+                _ => r.op(s.service_name(), &s.name),
+            };
+            last = Some((s.service_name(), &s.name, op));
+            r.add_span(op, s);
+        }
+        r
+    }
+
+    /// Adds `other` into `self`.
+    pub fn absorb(&mut self, other: &HeatRollup) {
+        let map: Vec<u32> = other.ops.iter().map(|o| self.op_owned(o.clone())).collect();
+        for (&(op, track, second, bucket), &(count, exemplar)) in &other.cells {
+            self.add((map[op as usize], track, second, bucket), count, exemplar);
+        }
+    }
+
+    /// The cells, sorted by (operation, track, second, bucket).
+    pub fn cells(&self) -> Vec<Cell> {
+        let mut out: Vec<Cell> = self
+            .cells
+            .iter()
+            .map(|(&(op, track, second, bucket), &(count, exemplar))| Cell {
+                op,
+                track,
+                second,
+                bucket,
+                count,
+                exemplar,
+            })
+            .collect();
+        out.sort_unstable_by_key(|c| (c.op, c.track, c.second, c.bucket));
+        out
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.buf.push(HEAT_VERSION);
+        w.u64(self.ops.len() as u64);
+        for (service, name) in &self.ops {
+            w.str(service);
+            w.str(name);
+        }
+        let cells = self.cells();
+        let base = cells.iter().map(|c| c.second).min().unwrap_or(0);
+        w.u64(base);
+        w.u64(cells.len() as u64);
+        for c in &cells {
+            w.u64(c.op.into());
+            w.buf.push(c.track as u8);
+            w.u64(c.second - base);
+            w.i64(c.bucket.into());
+            w.u64(c.count);
+            w.raw(&c.exemplar.0);
+        }
+        w.buf
+    }
+
+    /// The cells of an encoded rollup with its operations (sorted as [`Self::cells`]).
+    pub fn decode(buf: &[u8]) -> Result<(Vec<Op>, Vec<Cell>)> {
+        let corrupt = |m: String| StorageError::corrupt("heat rollup", m);
+        let mut r = Reader::new(buf);
+        let version = r.u8()?;
+        if version != HEAT_VERSION {
+            return Err(corrupt(format!(
+                "version {version}, this build reads {HEAT_VERSION}"
+            )));
+        }
+        let n_ops = r.u64()?;
+        let mut ops = Vec::with_capacity(n_ops.min(1 << 16) as usize);
+        for _ in 0..n_ops {
+            ops.push((r.string()?, r.string()?));
+        }
+        let base = r.u64()?;
+        let n = r.u64()?;
+        let mut cells = Vec::with_capacity(n.min(1 << 20) as usize);
+        for _ in 0..n {
+            let op = r.u64()?;
+            if op >= n_ops {
+                return Err(corrupt(format!("operation {op} of {n_ops}")));
+            }
+            let track = Track::from_u8(r.u8()?)?;
+            let second = base
+                .checked_add(r.u64()?)
+                .ok_or_else(|| corrupt("second out of range".into()))?;
+            let bucket =
+                i16::try_from(r.i64()?).map_err(|_| corrupt("bucket out of range".into()))?;
+            cells.push(Cell {
+                op: op as u32,
+                track,
+                second,
+                bucket,
+                count: r.u64()?,
+                exemplar: TraceId(r.raw(16)?.try_into().expect("16 bytes")),
+            });
+        }
+        Ok((ops, cells))
+    }
+}
+
+/// A block's decoded rollup: its operations and cells.
+#[derive(Debug, Default)]
+pub struct BlockHeat {
+    pub ops: Vec<Op>,
+    pub cells: Vec<Cell>,
+}
+
+impl BlockHeat {
+    pub fn weight(&self) -> usize {
+        let ops: usize = self.ops.iter().map(|(s, n)| 64 + s.len() + n.len()).sum();
+        64 + ops + self.cells.len() * std::mem::size_of::<Cell>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{KeyValue, SpanId, UnixNanos};
+
+    fn span(trace: u8, name: &str, start_s: u64, d_ns: u64, latency: Option<f64>) -> SpanRecord {
+        SpanRecord {
+            trace_id: TraceId([trace; 16]),
+            span_id: SpanId([trace; 8]),
+            name: name.into(),
+            start: UnixNanos(start_s * 1_000_000_000 + 7),
+            end: UnixNanos(start_s * 1_000_000_000 + 7 + d_ns),
+            attributes: latency
+                .map(|v| {
+                    vec![KeyValue {
+                        key: TOKEN_LATENCY.into(),
+                        value: Value::Double(v),
+                    }]
+                })
+                .unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn buckets_are_the_sql_heatmaps() {
+        assert_eq!(bucket_of(1.0), 0);
+        assert_eq!(bucket_of(1.5), 1);
+        assert_eq!(bucket_of(2.0), 1);
+        assert_eq!(bucket_of(0.3), -1);
+        assert_eq!(bucket_of(0.0), ZERO_BUCKET);
+        assert_eq!(bucket_of(-3.0), ZERO_BUCKET);
+    }
+
+    #[test]
+    fn spans_count_per_second_and_bucket_and_read_back_as_written() {
+        let spans = [
+            span(1, TOKEN_SPAN, 10, 3_000_000, Some(0.7)),
+            span(2, TOKEN_SPAN, 10, 3_500_000, None),
+            span(3, "llm.generate", 11, 900_000_000, None),
+        ];
+        let r = HeatRollup::of_spans(&spans);
+        let cells = r.cells();
+        let find = |track, second, bucket| {
+            cells
+                .iter()
+                .find(|c| c.track == track && c.second == second && c.bucket == bucket)
+                .map(|c| (c.count, c.exemplar.0[0]))
+        };
+        // both token spans last 3–3.5 ms: bucket 2; their latencies 0.7 and 3.5 ms
+        assert_eq!(find(Track::Duration, 10, 2), Some((2, 2)));
+        assert_eq!(find(Track::Itl, 10, 0), Some((1, 1)));
+        assert_eq!(find(Track::Itl, 10, 2), Some((1, 2)));
+        assert_eq!(find(Track::Duration, 11, 10), Some((1, 3)));
+        assert_eq!(find(Track::Itl, 11, 10), None);
+        let (ops, back) = HeatRollup::decode(&r.encode()).unwrap();
+        assert_eq!(ops, r.ops);
+        assert_eq!(back, cells);
+        // merging halves is the rollup of the whole
+        let mut halves = HeatRollup::of_spans(&spans[2..]);
+        halves.absorb(&HeatRollup::of_spans(&spans[..2]));
+        let mut a: Vec<_> = halves
+            .cells()
+            .into_iter()
+            .map(|c| {
+                (
+                    halves.ops[c.op as usize].clone(),
+                    c.track,
+                    c.second,
+                    c.bucket,
+                    c.count,
+                    c.exemplar,
+                )
+            })
+            .collect();
+        let mut b: Vec<_> = cells
+            .iter()
+            .map(|c| {
+                (
+                    r.ops[c.op as usize].clone(),
+                    c.track,
+                    c.second,
+                    c.bucket,
+                    c.count,
+                    c.exemplar,
+                )
+            })
+            .collect();
+        a.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+        b.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+        assert_eq!(a, b);
+        assert!(HeatRollup::decode(&[9]).is_err());
+    }
+}

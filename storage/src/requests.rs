@@ -1,0 +1,408 @@
+//! Per-block request tables: what percentiles of the request signals (TTFT, end-to-end
+//! latency, time per output token, tokens/s) and dimension lineage need, kept so that they
+//! read a few kilobytes a block instead of every span.
+//!
+//! A [`RequestRollup`] holds, for the spans it covers:
+//! - every *request span* (a `SERVER` span carrying `gen_ai.request.model`: the model server's
+//!   span of one request) as a row: trace and span id, start, duration, error, the signals'
+//!   sources (`gen_ai.latency.time_to_first_token`, `gen_ai.latency.e2e`,
+//!   `gen_ai.latency.time_in_model_decode` in seconds, `gen_ai.usage.output_tokens`) and its
+//!   request dimensions (see [`crate::request`]);
+//! - the spans counted per tuple of request-dimension values, for spans whose values are
+//!   final in the block;
+//! - per trace, the spans whose ancestry leaves the block (*open* rows, see
+//!   [`crate::request`]) counted per tuple as the block resolved them: a reader keeps those
+//!   counts when the trace has no rows elsewhere, and resolves the trace whole otherwise.
+//!
+//! Values are the terms the postings hold ([`Value::as_term`]); a tuple has one entry per
+//! [`crate::request::request_dims`] slot, [`NONE`] where the span has no value.
+
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::codec::{Reader, Writer};
+use crate::error::{Result, StorageError};
+use crate::model::{SpanId, SpanKind, SpanRecord, StatusCode, TraceId, Value};
+use crate::request::dedicated_value;
+use crate::schema::DEDICATED;
+
+/// Version of the encoded rollup.
+pub const REQUESTS_VERSION: u8 = 1;
+
+/// A tuple entry without a value.
+pub const NONE: u32 = u32::MAX;
+
+/// The dedicated columns a request row keeps, by name.
+const MODEL: &str = "gen_ai.request.model";
+const TTFT: &str = "gen_ai.latency.time_to_first_token";
+const E2E: &str = "gen_ai.latency.e2e";
+const DECODE: &str = "gen_ai.latency.time_in_model_decode";
+const OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+
+fn column(name: &str) -> usize {
+    DEDICATED
+        .iter()
+        .position(|d| d.name == name)
+        .expect("a dedicated column")
+}
+
+/// A dedicated double column's value of a span, as its column holds it.
+fn double(span: &SpanRecord, name: &str) -> Option<f64> {
+    match dedicated_value(span, column(name)) {
+        Some(Value::Double(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// Whether a span is a request span: `SERVER` and carrying `gen_ai.request.model` (in its
+/// column).
+pub fn is_request(span: &SpanRecord) -> bool {
+    span.kind == SpanKind::Server && dedicated_value(span, column(MODEL)).is_some()
+}
+
+/// One request span.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestRow {
+    pub trace: TraceId,
+    pub span: SpanId,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub error: bool,
+    /// Whether its ancestry leaves the block (its values may change, resolved whole).
+    pub open: bool,
+    /// Its request values: an index into its rollup's tuples.
+    pub tuple: u32,
+    /// Seconds.
+    pub ttft: Option<f64>,
+    pub e2e: Option<f64>,
+    pub decode: Option<f64>,
+    pub output_tokens: Option<i64>,
+}
+
+impl RequestRow {
+    /// The row of a request span.
+    pub fn of(span: &SpanRecord, open: bool, tuple: u32) -> Self {
+        Self {
+            trace: span.trace_id,
+            span: span.span_id,
+            start_ns: span.start.0,
+            duration_ns: span.duration_ns(),
+            error: span.status_code == StatusCode::Error,
+            open,
+            tuple,
+            ttft: double(span, TTFT),
+            e2e: double(span, E2E),
+            decode: double(span, DECODE),
+            output_tokens: match dedicated_value(span, column(OUTPUT_TOKENS)) {
+                Some(Value::Int(v)) => Some(*v),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Requests and span counts by request values, of some spans.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestRollup {
+    /// The values, each once.
+    pub terms: Vec<String>,
+    /// Tuples of indexes into `terms` ([`NONE`]: no value), one entry per request dimension.
+    pub tuples: Vec<Vec<u32>>,
+    /// Spans whose values are final, per tuple.
+    pub spans: Vec<u64>,
+    /// Open spans, as (trace, tuple, spans).
+    pub open: Vec<(TraceId, u32, u64)>,
+    pub requests: Vec<RequestRow>,
+    term_index: HashMap<String, u32>,
+    tuple_index: HashMap<Vec<u32>, u32>,
+}
+
+impl RequestRollup {
+    pub fn term(&mut self, term: &str) -> u32 {
+        if let Some(&i) = self.term_index.get(term) {
+            return i;
+        }
+        let i = self.terms.len() as u32;
+        self.terms.push(term.to_owned());
+        self.term_index.insert(term.to_owned(), i);
+        i
+    }
+
+    /// The index of a tuple of term indexes, added when new.
+    pub fn tuple(&mut self, tuple: &[u32]) -> u32 {
+        if let Some(&i) = self.tuple_index.get(tuple) {
+            return i;
+        }
+        let i = self.tuples.len() as u32;
+        self.tuples.push(tuple.to_vec());
+        self.spans.push(0);
+        self.tuple_index.insert(tuple.to_vec(), i);
+        i
+    }
+
+    /// The tuple of some values, one per request dimension.
+    pub fn tuple_of(&mut self, values: &[Option<&Value>]) -> u32 {
+        let ids: Vec<u32> = values
+            .iter()
+            .map(|v| match v.and_then(|v| v.as_term()) {
+                Some(t) => self.term(&t),
+                None => NONE,
+            })
+            .collect();
+        self.tuple(&ids)
+    }
+
+    /// The rollup of a block's rows: sorted by trace, `traces` their runs (first row, rows),
+    /// `values` each row's resolved request values (row-major, one per request dimension) and
+    /// `open` whether its ancestry leaves the block.
+    pub fn of_block(
+        rows: &[&SpanRecord],
+        traces: impl Iterator<Item = (u32, u32)>,
+        values: &[Option<&Value>],
+        open: &[bool],
+    ) -> Self {
+        let d = crate::request::request_dims().len();
+        let mut r = Self::default();
+        for (start, len) in traces {
+            let mut open_here: Vec<(u32, u64)> = Vec::new();
+            for row in start as usize..(start + len) as usize {
+                let tuple = r.tuple_of(&values[row * d..(row + 1) * d]);
+                if open[row] {
+                    match open_here.iter_mut().find(|(t, _)| *t == tuple) {
+                        Some((_, n)) => *n += 1,
+                        None => open_here.push((tuple, 1)),
+                    }
+                } else {
+                    r.spans[tuple as usize] += 1;
+                }
+                if is_request(rows[row]) {
+                    r.requests.push(RequestRow::of(rows[row], open[row], tuple));
+                }
+            }
+            if let Some(first) = rows.get(start as usize) {
+                let trace = first.trace_id;
+                r.open
+                    .extend(open_here.into_iter().map(|(t, n)| (trace, t, n)));
+            }
+        }
+        r
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.buf.push(REQUESTS_VERSION);
+        w.u64(self.terms.len() as u64);
+        for t in &self.terms {
+            w.str(t);
+        }
+        let d = self.tuples.first().map_or(0, Vec::len);
+        w.u64(d as u64);
+        w.u64(self.tuples.len() as u64);
+        for (tuple, spans) in self.tuples.iter().zip(&self.spans) {
+            for &v in tuple {
+                // NONE as 0, terms from 1
+                w.u64(if v == NONE { 0 } else { u64::from(v) + 1 });
+            }
+            w.u64(*spans);
+        }
+        w.u64(self.open.len() as u64);
+        for (trace, tuple, n) in &self.open {
+            w.raw(&trace.0);
+            w.u64((*tuple).into());
+            w.u64(*n);
+        }
+        w.u64(self.requests.len() as u64);
+        let opt_f = |w: &mut Writer, v: Option<f64>| match v {
+            Some(v) => {
+                w.buf.push(1);
+                w.raw(&v.to_le_bytes());
+            }
+            None => w.buf.push(0),
+        };
+        for q in &self.requests {
+            w.raw(&q.trace.0);
+            w.raw(&q.span.0);
+            w.u64(q.start_ns);
+            w.u64(q.duration_ns);
+            w.buf.push(u8::from(q.error) | (u8::from(q.open) << 1));
+            w.u64(q.tuple.into());
+            opt_f(&mut w, q.ttft);
+            opt_f(&mut w, q.e2e);
+            opt_f(&mut w, q.decode);
+            match q.output_tokens {
+                Some(v) => {
+                    w.buf.push(1);
+                    w.i64(v);
+                }
+                None => w.buf.push(0),
+            }
+        }
+        w.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self> {
+        let corrupt = |m: String| StorageError::corrupt("request rollup", m);
+        let mut r = Reader::new(buf);
+        let version = r.u8()?;
+        if version != REQUESTS_VERSION {
+            return Err(corrupt(format!(
+                "version {version}, this build reads {REQUESTS_VERSION}"
+            )));
+        }
+        let mut out = Self::default();
+        let n_terms = r.u64()?;
+        for _ in 0..n_terms {
+            let t = r.string()?;
+            out.term(&t);
+        }
+        if out.terms.len() as u64 != n_terms {
+            return Err(corrupt("a term twice".into()));
+        }
+        let d = r.u64()? as usize;
+        if d > 64 {
+            return Err(corrupt(format!("{d} dimensions")));
+        }
+        let n_tuples = r.u64()?;
+        let mut tuple = vec![NONE; d];
+        for _ in 0..n_tuples {
+            for slot in tuple.iter_mut() {
+                let v = r.u64()?;
+                *slot = match v {
+                    0 => NONE,
+                    v if v <= n_terms => (v - 1) as u32,
+                    v => return Err(corrupt(format!("term {v} of {n_terms}"))),
+                };
+            }
+            let i = out.tuple(&tuple);
+            out.spans[i as usize] += r.u64()?;
+        }
+        if out.tuples.len() as u64 != n_tuples {
+            return Err(corrupt("a tuple twice".into()));
+        }
+        let tuple_id = |r: &mut Reader| -> Result<u32> {
+            let t = r.u64()?;
+            if t >= n_tuples {
+                return Err(corrupt(format!("tuple {t} of {n_tuples}")));
+            }
+            Ok(t as u32)
+        };
+        for _ in 0..r.u64()? {
+            let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+            let tuple = tuple_id(&mut r)?;
+            out.open.push((trace, tuple, r.u64()?));
+        }
+        let opt_f = |r: &mut Reader| -> Result<Option<f64>> {
+            Ok(match r.u8()? {
+                0 => None,
+                _ => Some(f64::from_le_bytes(r.raw(8)?.try_into().expect("8 bytes"))),
+            })
+        };
+        for _ in 0..r.u64()? {
+            let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+            let span = SpanId(r.raw(8)?.try_into().expect("8 bytes"));
+            let start_ns = r.u64()?;
+            let duration_ns = r.u64()?;
+            let flags = r.u8()?;
+            let tuple = tuple_id(&mut r)?;
+            let ttft = opt_f(&mut r)?;
+            let e2e = opt_f(&mut r)?;
+            let decode = opt_f(&mut r)?;
+            let output_tokens = match r.u8()? {
+                0 => None,
+                _ => Some(r.i64()?),
+            };
+            out.requests.push(RequestRow {
+                trace,
+                span,
+                start_ns,
+                duration_ns,
+                error: flags & 1 != 0,
+                open: flags & 2 != 0,
+                tuple,
+                ttft,
+                e2e,
+                decode,
+                output_tokens,
+            });
+        }
+        Ok(out)
+    }
+
+    /// What the rollup takes in memory, about.
+    pub fn weight(&self) -> usize {
+        let terms: usize = self.terms.iter().map(|t| 2 * (48 + t.len())).sum();
+        let tuples: usize = self.tuples.iter().map(|t| 2 * (32 + 4 * t.len()) + 8).sum();
+        128 + terms
+            + tuples
+            + self.open.len() * 32
+            + self.requests.len() * std::mem::size_of::<RequestRow>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{KeyValue, UnixNanos};
+
+    #[test]
+    fn request_rows_and_span_counts_read_back_as_written() {
+        let generate = SpanRecord {
+            trace_id: TraceId([1; 16]),
+            span_id: SpanId([1; 8]),
+            name: "llm.generate".into(),
+            kind: SpanKind::Server,
+            start: UnixNanos(5_000),
+            end: UnixNanos(9_000),
+            status_code: StatusCode::Error,
+            attributes: vec![
+                KeyValue::new(MODEL, Value::Str("m".into())),
+                KeyValue::new(TTFT, Value::Double(0.25)),
+                KeyValue::new("gen_ai.usage.completion_tokens", Value::Int(7)),
+            ],
+            ..Default::default()
+        };
+        let token = SpanRecord {
+            span_id: SpanId([2; 8]),
+            parent_span_id: Some(SpanId([1; 8])),
+            name: "llm.decode.token".into(),
+            kind: SpanKind::Internal,
+            attributes: vec![],
+            ..generate.clone()
+        };
+        let other = SpanRecord {
+            trace_id: TraceId([2; 16]),
+            span_id: SpanId([3; 8]),
+            parent_span_id: Some(SpanId([9; 8])),
+            ..token.clone()
+        };
+        let rows = [&generate, &token, &other];
+        let d = crate::request::request_dims().len();
+        let v1 = Value::Str("v1".into());
+        let mut values: Vec<Option<&Value>> = vec![None; 3 * d];
+        values[0] = Some(&v1);
+        values[d] = Some(&v1);
+        let r = RequestRollup::of_block(
+            &rows,
+            [(0, 2), (2, 1)].into_iter(),
+            &values,
+            &[false, false, true],
+        );
+        assert_eq!(r.tuples.len(), 2);
+        assert_eq!(r.spans, vec![2, 0]);
+        assert_eq!(r.open, vec![(TraceId([2; 16]), 1, 1)]);
+        assert_eq!(r.requests.len(), 1);
+        let q = r.requests[0];
+        assert_eq!(
+            (q.ttft, q.output_tokens, q.error, q.open),
+            (Some(0.25), Some(7), true, false)
+        );
+        assert_eq!(q.e2e, None);
+        let back = RequestRollup::decode(&r.encode()).unwrap();
+        assert_eq!(back.terms, r.terms);
+        assert_eq!(back.tuples, r.tuples);
+        assert_eq!(back.spans, r.spans);
+        assert_eq!(back.open, r.open);
+        assert_eq!(back.requests, r.requests);
+        assert!(RequestRollup::decode(&[9]).is_err());
+        assert!(RequestRollup::decode(&r.encode()[..20]).is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! The latency histograms of a tenant's spans over a time range ([`crate::heat`]): each block
+//! in range answers with the cells it was written with (decoded once, cached), head rows from
+//! the rows. Cells are per second: a range whose ends fall inside a second of a block's rows
+//! cannot be answered from them, nor can a block written before heat rollups; the caller is
+//! told, and asks SQL instead.
+
+use super::*;
+use crate::block::writer::col;
+use crate::heat::{BlockHeat, HeatRollup, Track};
+
+/// Decoded block heat rollups kept in memory, in bytes.
+pub const HEAT_CACHE_BYTES: usize = 32 << 20;
+
+const SECOND: u64 = 1_000_000_000;
+
+impl Store {
+    /// Visits the heat cells of the tenant's spans starting in `[start, end)` (either end
+    /// open) on `track`, of the operations (service, name) that `keep` accepts:
+    /// `cell(second, bucket, count, exemplar)`, a cell possibly more than once (blocks and head
+    /// add up). `false`, and nothing visited, when the cells cannot answer exactly.
+    pub fn heat_cells(
+        &self,
+        tenant: &TenantId,
+        start: Option<u64>,
+        end: Option<u64>,
+        track: Track,
+        keep: &dyn Fn(&str, &str) -> bool,
+        cell: &mut dyn FnMut(u64, i16, u64, &TraceId),
+    ) -> Result<bool> {
+        let snapshot = self.snapshot(tenant);
+        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
+        let hi = end.unwrap_or(u64::MAX);
+        let in_range: Vec<(&BlockAddr, &Arc<BlockMeta>)> = snapshot
+            .blocks
+            .iter()
+            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
+            .collect();
+        // every block must have cells, and a range end cutting a block must be a whole second
+        for (_, meta) in &in_range {
+            let cut_low = meta.min_start < lo && lo % SECOND != 0;
+            let cut_high = meta.max_start >= hi && hi % SECOND != 0;
+            if cut_low || cut_high || meta.column(col::ROLLUP_HEAT).is_none() {
+                return Ok(false);
+            }
+        }
+        for (addr, meta) in in_range {
+            let heat = self.block_heat(tenant, *addr, meta)?;
+            let wanted: Vec<bool> = heat.ops.iter().map(|(s, n)| keep(s, n)).collect();
+            // the seconds in range (the ends are whole seconds where they cut the block)
+            let first = if meta.min_start < lo { lo / SECOND } else { 0 };
+            let last = if meta.max_start >= hi {
+                hi / SECOND
+            } else {
+                u64::MAX
+            };
+            for c in &heat.cells {
+                if c.track == track && wanted[c.op as usize] && (first..last).contains(&c.second) {
+                    cell(c.second, c.bucket, c.count, &c.exemplar);
+                }
+            }
+        }
+        let head = HeatRollup::of_spans(
+            snapshot
+                .head
+                .rows()
+                .filter(|s| (lo..hi).contains(&s.start.0)),
+        );
+        let wanted: Vec<bool> = head.ops.iter().map(|(s, n)| keep(s, n)).collect();
+        for c in head.cells() {
+            if c.track == track && wanted[c.op as usize] {
+                cell(c.second, c.bucket, c.count, &c.exemplar);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A block's heat rollup, decoded and cached.
+    fn block_heat(
+        &self,
+        tenant: &TenantId,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+    ) -> Result<Arc<BlockHeat>> {
+        let key = keys::chunk(tenant, SPANS, addr, col::ROLLUP_HEAT);
+        if let Some(h) = self.heats.get(&key) {
+            return Ok(h);
+        }
+        let reader = self.block_reader(tenant, addr, meta);
+        let bytes = reader
+            .raw_chunk(col::ROLLUP_HEAT)?
+            .ok_or_else(|| self.damaged(tenant, SPANS, addr, "heat rollup", "chunk missing"))?;
+        let (ops, cells) = HeatRollup::decode(&bytes)
+            .map_err(|e| self.damaged(tenant, SPANS, addr, "heat rollup", e.to_string()))?;
+        let heat = Arc::new(BlockHeat { ops, cells });
+        self.heats
+            .insert(key.clone(), key.len() + heat.weight(), heat.clone());
+        Ok(heat)
+    }
+}
