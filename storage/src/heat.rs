@@ -109,10 +109,10 @@ pub struct HeatRollup {
 impl HeatRollup {
     fn op(&mut self, service: &str, name: &str) -> u32 {
         // few operations: found without building the key
-        if self.ops.len() <= 16 {
-            if let Some(i) = self.ops.iter().position(|(s, n)| s == service && n == name) {
-                return i as u32;
-            }
+        if self.ops.len() <= 16
+            && let Some(i) = self.ops.iter().position(|(s, n)| s == service && n == name)
+        {
+            return i as u32;
         }
         self.op_owned((service.to_owned(), name.to_owned()))
     }

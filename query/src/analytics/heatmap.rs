@@ -215,7 +215,7 @@ async fn of_rollups(
         || !matches!(buckets, Buckets::Log2)
         || !dims.is_empty()
         || !p.attrs.is_empty()
-        || step % SECOND != 0
+        || !step.is_multiple_of(SECOND)
     {
         return Ok(None);
     }

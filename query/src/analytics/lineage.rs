@@ -502,12 +502,12 @@ async fn dimensions_of_requests(
     if p.service.is_some() || p.name.is_some() {
         return Ok(None);
     }
-    let Some(table) = table(run, p, true).await? else {
+    let Some(table) = table(run, p, true, &slots, &filters).await? else {
         return Ok(None);
     };
     let t = &table.rollup;
     let key = |tuple: u32| -> Option<Vec<Option<&str>>> {
-        let k: Vec<Option<&str>> = slots.iter().map(|&s| value(t, tuple, s)).collect();
+        let k: Vec<Option<&str>> = (0..slots.len()).map(|i| value(t, tuple, i)).collect();
         k.iter().any(Option::is_some).then_some(k)
     };
     #[derive(Default)]
@@ -519,7 +519,7 @@ async fn dimensions_of_requests(
     }
     let mut groups: BTreeMap<Vec<Option<&str>>, Group<'_>> = BTreeMap::new();
     for (tuple, n) in t.spans.iter().enumerate() {
-        if *n == 0 || !passes(t, tuple as u32, &filters) {
+        if *n == 0 || !passes(t, tuple as u32, slots.len(), &filters) {
             continue;
         }
         if let Some(k) = key(tuple as u32) {
@@ -527,7 +527,7 @@ async fn dimensions_of_requests(
         }
     }
     for q in &t.requests {
-        if !passes(t, q.tuple, &filters) {
+        if !passes(t, q.tuple, slots.len(), &filters) {
             continue;
         }
         if let Some(g) = key(q.tuple).and_then(|k| groups.get_mut(&k)) {

@@ -210,7 +210,7 @@ async fn of_requests(
     if p.service.is_some() || p.name.is_some() {
         return Ok(None);
     }
-    let Some(table) = table(run, p, false).await? else {
+    let Some(table) = table(run, p, false, &slots, &filters).await? else {
         return Ok(None);
     };
     let t = &table.rollup;
@@ -218,11 +218,11 @@ async fn of_requests(
     // per group (its tuple's values of the dims), per step: a sketch
     let mut groups: BTreeMap<Vec<Option<&str>>, BTreeMap<i64, Sketch>> = BTreeMap::new();
     for q in &t.requests {
-        if !passes(t, q.tuple, &filters) {
+        if !passes(t, q.tuple, slots.len(), &filters) {
             continue;
         }
         let Some(v) = of(q) else { continue };
-        let key: Vec<Option<&str>> = slots.iter().map(|&s| value(t, q.tuple, s)).collect();
+        let key: Vec<Option<&str>> = (0..slots.len()).map(|i| value(t, q.tuple, i)).collect();
         let at = (q.start_ns / step * step) as i64;
         groups
             .entry(key)
@@ -231,7 +231,8 @@ async fn of_requests(
             .or_default()
             .insert(v);
     }
-    let mut series: BTreeMap<BTreeMap<String, String>, Vec<(i64, Vec<f64>)>> = BTreeMap::new();
+    type Points = Vec<(i64, Vec<f64>)>;
+    let mut series: BTreeMap<BTreeMap<String, String>, Points> = BTreeMap::new();
     for (key, points) in groups {
         let labels: BTreeMap<String, String> = dims
             .iter()

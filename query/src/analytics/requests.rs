@@ -37,29 +37,44 @@ pub fn attr_filters(p: &Params) -> Option<Vec<(usize, String)>> {
         .collect()
 }
 
-/// Whether a tuple of the table passes the filters.
-pub fn passes(table: &RequestRollup, tuple: u32, filters: &[(usize, String)]) -> bool {
+/// Whether a tuple of the table passes the filters (the tuple's entries after the grouping
+/// dimensions' hold the filters' slots, in order; see [`table`]).
+pub fn passes(table: &RequestRollup, tuple: u32, dims: usize, filters: &[(usize, String)]) -> bool {
     let t = &table.tuples[tuple as usize];
-    filters.iter().all(|(slot, term)| {
-        let v = t[*slot];
+    filters.iter().enumerate().all(|(i, (_, term))| {
+        let v = t[dims + i];
         v != NONE && table.terms[v as usize] == *term
     })
 }
 
-/// The value of `slot` in a tuple, if any.
-pub fn value(table: &RequestRollup, tuple: u32, slot: usize) -> Option<&str> {
-    let v = table.tuples[tuple as usize][slot];
+/// The value of the `i`th grouping dimension in a tuple, if any.
+pub fn value(table: &RequestRollup, tuple: u32, i: usize) -> Option<&str> {
+    let v = table.tuples[tuple as usize][i];
     (v != NONE).then(|| table.terms[v as usize].as_str())
 }
 
-/// The request table over the call's range (`spans`: with span counts). `Ok(None)` when the
+/// The request table over the call's range (`spans`: with span counts), its tuples holding
+/// the values of the grouping slots `dims` then of the filters' slots. `Ok(None)` when the
 /// tables cannot answer it (the caller asks SQL); a spent time budget marks the call partial
 /// and answers an empty table.
-pub async fn table(run: &mut Run<'_>, p: &Params, spans: bool) -> Result<Option<RequestTable>> {
+pub async fn table(
+    run: &mut Run<'_>,
+    p: &Params,
+    spans: bool,
+    dims: &[usize],
+    filters: &[(usize, String)],
+) -> Result<Option<RequestTable>> {
     let store = run.engine.store().clone();
     let tenant = run.tenant.clone();
     let (start, end) = (p.start, p.end);
-    let work = tokio::task::spawn_blocking(move || store.request_table(&tenant, start, end, spans));
+    let slots: Vec<usize> = dims
+        .iter()
+        .chain(filters.iter().map(|(s, _)| s))
+        .copied()
+        .collect();
+    let work = tokio::task::spawn_blocking(move || {
+        store.request_table(&tenant, start, end, spans, &slots)
+    });
     match tokio::time::timeout(run.left(), work).await {
         Err(_) => {
             run.partial = true;

@@ -37,8 +37,8 @@ impl Store {
             .collect();
         // every block must have cells, and a range end cutting a block must be a whole second
         for (_, meta) in &in_range {
-            let cut_low = meta.min_start < lo && lo % SECOND != 0;
-            let cut_high = meta.max_start >= hi && hi % SECOND != 0;
+            let cut_low = meta.min_start < lo && !lo.is_multiple_of(SECOND);
+            let cut_high = meta.max_start >= hi && !hi.is_multiple_of(SECOND);
             if cut_low || cut_high || meta.column(col::ROLLUP_HEAT).is_none() {
                 return Ok(false);
             }

@@ -8,7 +8,7 @@ use super::*;
 use crate::block::writer::col;
 use crate::model::Value;
 use crate::request::{self, OPEN_DIM};
-use crate::requests::{RequestRollup, RequestRow};
+use crate::requests::{NONE, RequestRollup, RequestRow};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeSet;
 
@@ -37,15 +37,17 @@ struct Pending {
 
 impl Store {
     /// The request rows of the tenant's spans starting in `[start, end)` (either end open)
-    /// and, with `spans`, the spans counted per tuple of request values. `None` when the
-    /// rollups cannot answer: a block written before them, or (with `spans`) a range end
-    /// inside a block.
+    /// and, with `spans`, the spans counted per tuple of request values; tuples hold the
+    /// values of request dimension slots `slots` alone, in that order (so that rows differing
+    /// in other dimensions share one). `None` when the rollups cannot answer: a block written
+    /// before them, or (with `spans`) a range end inside a block.
     pub fn request_table(
         &self,
         tenant: &TenantId,
         start: Option<u64>,
         end: Option<u64>,
         spans: bool,
+        slots: &[usize],
     ) -> Result<Option<RequestTable>> {
         let snapshot = self.snapshot(tenant);
         let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
@@ -72,34 +74,47 @@ impl Store {
         let mut pending = Pending::default();
         for (addr, meta) in in_range {
             let block = self.block_requests(tenant, *addr, meta)?;
+            // the block's terms and tuples as the total's, each mapped when first used
             let terms: Vec<u32> = block.terms.iter().map(|t| total.term(t)).collect();
-            let tuples: Vec<u32> = block
-                .tuples
-                .iter()
-                .map(|tuple| {
-                    let mapped: Vec<u32> = tuple
-                        .iter()
-                        .map(|&v| {
-                            if v == crate::requests::NONE {
-                                v
-                            } else {
-                                terms[v as usize]
-                            }
-                        })
-                        .collect();
-                    total.tuple(&mapped)
-                })
-                .collect();
+            let mut tuples = vec![NONE; block.tuples.len()];
+            let mut mapped = Vec::new();
+            let mut global = |total: &mut RequestRollup, i: u32| -> u32 {
+                let slot = &mut tuples[i as usize];
+                if *slot == NONE {
+                    mapped.clear();
+                    let tuple = &block.tuples[i as usize];
+                    mapped.extend(slots.iter().map(|&s| match tuple[s] {
+                        NONE => NONE,
+                        v => terms[v as usize],
+                    }));
+                    *slot = total.tuple(&mapped);
+                }
+                *slot
+            };
             if spans {
                 for (i, n) in block.spans.iter().enumerate() {
-                    total.spans[tuples[i] as usize] += n;
+                    if *n > 0 {
+                        let g = global(&mut total, i as u32);
+                        total.spans[g as usize] += n;
+                    }
+                }
+                // an open row with a value of every slot has its final values (the nearest
+                // ancestor holding one is in the block); a trace elsewhere with an open row
+                // lacking one is resolved whole, all its open rows here counted then
+                let mut whole: FxHashSet<TraceId> = FxHashSet::default();
+                for (trace, tuple, _) in &block.open {
+                    let g = global(&mut total, *tuple);
+                    if total.tuples[g as usize].contains(&NONE) && elsewhere(trace) {
+                        whole.insert(*trace);
+                    }
                 }
                 for (trace, tuple, n) in &block.open {
-                    if elsewhere(trace) {
+                    if whole.contains(trace) {
                         pending.traces.insert(*trace);
                         pending.open.insert((*addr, *trace));
                     } else {
-                        total.spans[tuples[*tuple as usize] as usize] += n;
+                        let g = global(&mut total, *tuple);
+                        total.spans[g as usize] += n;
                     }
                 }
             }
@@ -107,14 +122,12 @@ impl Store {
                 if !(lo..hi).contains(&q.start_ns) {
                     continue;
                 }
-                if q.open && elsewhere(&q.trace) {
+                let tuple = global(&mut total, q.tuple);
+                if q.open && total.tuples[tuple as usize].contains(&NONE) && elsewhere(&q.trace) {
                     pending.traces.insert(q.trace);
                     pending.requests.push(*q);
                 } else {
-                    total.requests.push(RequestRow {
-                        tuple: tuples[q.tuple as usize],
-                        ..*q
-                    });
+                    total.requests.push(RequestRow { tuple, ..*q });
                 }
             }
         }
@@ -132,7 +145,8 @@ impl Store {
                     pending.head.push(i);
                     continue;
                 }
-                let tuple = total.tuple_of(&r.values);
+                let values: Vec<Option<&Value>> = slots.iter().map(|&s| r.values[s]).collect();
+                let tuple = total.tuple_of(&values);
                 if spans {
                     total.spans[tuple as usize] += 1;
                 }
@@ -142,7 +156,8 @@ impl Store {
             }
         }
         if !pending.traces.is_empty() {
-            self.resolve_pending(tenant, &snapshot, &head, &head_traces, pending, &mut total)?;
+            let head = (&head[..], &head_traces);
+            self.resolve_pending(tenant, &snapshot, head, pending, slots, &mut total)?;
         }
         Ok(Some(RequestTable { rollup: total }))
     }
@@ -152,9 +167,9 @@ impl Store {
         &self,
         tenant: &TenantId,
         snapshot: &Snapshot,
-        head: &[&SpanRecord],
-        head_traces: &FxHashMap<TraceId, Vec<usize>>,
+        (head, head_traces): (&[&SpanRecord], &FxHashMap<TraceId, Vec<usize>>),
         pending: Pending,
+        slots: &[usize],
         total: &mut RequestRollup,
     ) -> Result<()> {
         let (with_head, stored): (Vec<TraceId>, Vec<TraceId>) = pending
@@ -176,8 +191,9 @@ impl Store {
         };
         let tuple_of = |total: &mut RequestRollup, trace: &TraceId, span: &SpanId| {
             let values = values_of(trace, span).unwrap_or_default();
-            let refs: Vec<Option<&Value>> = (0..request::request_dims().len())
-                .map(|i| values.get(i).and_then(Option::as_ref))
+            let refs: Vec<Option<&Value>> = slots
+                .iter()
+                .map(|&i| values.get(i).and_then(Option::as_ref))
                 .collect();
             total.tuple_of(&refs)
         };

@@ -191,6 +191,12 @@ fn operation_rollups_agree_with_a_naive_count_over_blocks_ranges_head_and_merges
     assert!(none.ops.is_empty() && none.roots_ns == 0);
 }
 
+/// Which operations (service, name) a heat check counts.
+type Keep = dyn Fn(&str, &str) -> bool;
+
+/// A request row as the naive walk sees it: ids, request values, TTFT.
+type WantRequest = (TraceId, SpanId, Vec<Option<String>>, Option<f64>);
+
 /// (second, log2 bucket) → (count, greatest trace id).
 type HeatCells = BTreeMap<(u64, i16), (u64, TraceId)>;
 
@@ -292,7 +298,7 @@ fn heat_rollups_agree_with_a_naive_count_over_blocks_whole_second_ranges_head_an
             (Some(aligned.1), None),
             (None, Some(aligned.0)),
         ];
-        let filters: [(Track, &dyn Fn(&str, &str) -> bool); 4] = [
+        let filters: [(Track, &Keep); 4] = [
             (Track::Itl, &everything),
             (Track::Itl, &engine_tokens),
             (Track::Duration, &everything),
@@ -389,7 +395,7 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
     assert!(!store.snapshot(&t).splits.is_empty());
     type Counts = BTreeMap<Vec<Option<String>>, u64>;
     let mut want_spans = Counts::new();
-    let mut want_requests: Vec<(TraceId, SpanId, Vec<Option<String>>, Option<f64>)> = Vec::new();
+    let mut want_requests: Vec<WantRequest> = Vec::new();
     for s in &all {
         let v = naive_values(&all, s);
         *want_spans.entry(v.clone()).or_default() += 1;
@@ -401,11 +407,19 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
             want_requests.push((s.trace_id, s.span_id, v, ttft));
         }
     }
-    want_requests.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    want_requests.sort_by_key(|a| (a.0, a.1));
     assert!(want_requests.len() > 50);
+    let every: Vec<usize> = (0..crate::request::request_dims().len()).collect();
     let check = |store: &Store| {
+        // every slot: the tuples as written; one slot: rows sharing it share a tuple
+        let one = store
+            .request_table(&t, None, None, true, &[every.len() - 1])
+            .unwrap()
+            .unwrap();
+        assert_eq!(one.rollup.tuples.iter().map(Vec::len).max(), Some(1));
+        assert_eq!(one.rollup.spans.iter().sum::<u64>(), all.len() as u64);
         let table = store
-            .request_table(&t, None, None, true)
+            .request_table(&t, None, None, true, &every)
             .unwrap()
             .expect("answered");
         let r = &table.rollup;
@@ -427,14 +441,14 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
             .iter()
             .map(|q| (q.trace, q.span, strings(q.tuple), q.ttft))
             .collect();
-        requests.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        requests.sort_by_key(|a| (a.0, a.1));
         assert_eq!(requests, want_requests);
         // request rows alone over a range cutting blocks: those starting in it
         let mut starts: Vec<u64> = all.iter().map(|s| s.start.0).collect();
         starts.sort_unstable();
         let (lo, hi) = (starts[starts.len() / 3], starts[starts.len() * 2 / 3]);
         let part = store
-            .request_table(&t, Some(lo), Some(hi), false)
+            .request_table(&t, Some(lo), Some(hi), false, &every)
             .unwrap()
             .expect("answered");
         let in_range = want_requests
@@ -451,7 +465,7 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
         // with span counts, a range end inside a block is declined
         assert!(
             store
-                .request_table(&t, Some(lo), Some(hi), true)
+                .request_table(&t, Some(lo), Some(hi), true, &every)
                 .unwrap()
                 .is_none()
         );
