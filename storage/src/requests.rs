@@ -17,6 +17,8 @@
 //! Values are the terms the postings hold ([`Value::as_term`]); a tuple has one entry per
 //! [`crate::request::request_dims`] slot, [`NONE`] where the span has no value.
 
+use std::sync::OnceLock;
+
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::codec::{Reader, Writer};
@@ -38,15 +40,26 @@ const E2E: &str = "gen_ai.latency.e2e";
 const DECODE: &str = "gen_ai.latency.time_in_model_decode";
 const OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
 
-fn column(name: &str) -> usize {
-    DEDICATED
+/// The index of a dedicated column (looked up once: the writer asks per row).
+fn column(name: &'static str) -> usize {
+    static COLUMNS: OnceLock<[usize; 5]> = OnceLock::new();
+    const NAMES: [&str; 5] = [MODEL, TTFT, E2E, DECODE, OUTPUT_TOKENS];
+    let columns = COLUMNS.get_or_init(|| {
+        NAMES.map(|n| {
+            DEDICATED
+                .iter()
+                .position(|d| d.name == n)
+                .expect("a dedicated column")
+        })
+    });
+    columns[NAMES
         .iter()
-        .position(|d| d.name == name)
-        .expect("a dedicated column")
+        .position(|n| *n == name)
+        .expect("a kept column")]
 }
 
 /// A dedicated double column's value of a span, as its column holds it.
-fn double(span: &SpanRecord, name: &str) -> Option<f64> {
+fn double(span: &SpanRecord, name: &'static str) -> Option<f64> {
     match dedicated_value(span, column(name)) {
         Some(Value::Double(v)) => Some(*v),
         _ => None,
@@ -143,8 +156,10 @@ impl RequestRollup {
     pub fn tuple_of(&mut self, values: &[Option<&Value>]) -> u32 {
         let ids: Vec<u32> = values
             .iter()
-            .map(|v| match v.and_then(|v| v.as_term()) {
-                Some(t) => self.term(&t),
+            .map(|v| match v {
+                // text is its own term: no copy to look it up
+                Some(Value::Str(s)) => self.term(s),
+                Some(v) => v.as_term().map_or(NONE, |t| self.term(&t)),
                 None => NONE,
             })
             .collect();

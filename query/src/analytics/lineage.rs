@@ -494,20 +494,12 @@ async fn dimensions_of_requests(
     p: &Params,
     dims: &[String],
 ) -> Result<Option<Vec<DimensionRow>>> {
-    use super::requests::{attr_filters, passes, slot, table, value};
-    let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
-    let (Some(slots), Some(filters)) = (slots, attr_filters(p)) else {
+    let Some(t) = super::requests::table(run, p, true, dims).await? else {
         return Ok(None);
     };
-    if p.service.is_some() || p.name.is_some() {
-        return Ok(None);
-    }
-    let Some(table) = table(run, p, true, &slots, &filters).await? else {
-        return Ok(None);
-    };
-    let t = &table.rollup;
+    // rows with none of the dimensions belong to no combination
     let key = |tuple: u32| -> Option<Vec<Option<&str>>> {
-        let k: Vec<Option<&str>> = (0..slots.len()).map(|i| value(t, tuple, i)).collect();
+        let k = t.key(tuple);
         k.iter().any(Option::is_some).then_some(k)
     };
     #[derive(Default)]
@@ -518,16 +510,16 @@ async fn dimensions_of_requests(
         errors: u64,
     }
     let mut groups: BTreeMap<Vec<Option<&str>>, Group<'_>> = BTreeMap::new();
-    for (tuple, n) in t.spans.iter().enumerate() {
-        if *n == 0 || !passes(t, tuple as u32, slots.len(), &filters) {
+    for (tuple, n) in t.rollup.spans.iter().enumerate() {
+        if *n == 0 || !t.passes(tuple as u32) {
             continue;
         }
         if let Some(k) = key(tuple as u32) {
             groups.entry(k).or_default().spans += n;
         }
     }
-    for q in &t.requests {
-        if !passes(t, q.tuple, slots.len(), &filters) {
+    for q in &t.rollup.requests {
+        if !t.passes(q.tuple) {
             continue;
         }
         if let Some(g) = key(q.tuple).and_then(|k| groups.get_mut(&k)) {

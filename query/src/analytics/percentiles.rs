@@ -188,7 +188,7 @@ async fn of_requests(
     dims: &[String],
     step: std::time::Duration,
 ) -> Result<Option<Vec<Series>>> {
-    use super::requests::{attr_filters, passes, slot, table, value};
+    use super::requests::table;
     use weft_storage::requests::RequestRow;
     let of: fn(&RequestRow) -> Option<f64> = match signal {
         "ttft" => |q| Some(q.ttft? * 1000.0),
@@ -203,26 +203,18 @@ async fn of_requests(
         },
         _ => return Ok(None),
     };
-    let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
-    let (Some(slots), Some(filters)) = (slots, attr_filters(p)) else {
+    let Some(t) = table(run, p, false, dims).await? else {
         return Ok(None);
     };
-    if p.service.is_some() || p.name.is_some() {
-        return Ok(None);
-    }
-    let Some(table) = table(run, p, false, &slots, &filters).await? else {
-        return Ok(None);
-    };
-    let t = &table.rollup;
     let step = step.as_nanos() as u64;
     // per group (its tuple's values of the dims), per step: a sketch
     let mut groups: BTreeMap<Vec<Option<&str>>, BTreeMap<i64, Sketch>> = BTreeMap::new();
-    for q in &t.requests {
-        if !passes(t, q.tuple, slots.len(), &filters) {
+    for q in &t.rollup.requests {
+        if !t.passes(q.tuple) {
             continue;
         }
         let Some(v) = of(q) else { continue };
-        let key: Vec<Option<&str>> = (0..slots.len()).map(|i| value(t, q.tuple, i)).collect();
+        let key = t.key(q.tuple);
         let at = (q.start_ns / step * step) as i64;
         groups
             .entry(key)

@@ -37,51 +37,74 @@ pub fn attr_filters(p: &Params) -> Option<Vec<(usize, String)>> {
         .collect()
 }
 
-/// Whether a tuple of the table passes the filters (the tuple's entries after the grouping
-/// dimensions' hold the filters' slots, in order; see [`table`]).
-pub fn passes(table: &RequestRollup, tuple: u32, dims: usize, filters: &[(usize, String)]) -> bool {
-    let t = &table.tuples[tuple as usize];
-    filters.iter().enumerate().all(|(i, (_, term))| {
-        let v = t[dims + i];
-        v != NONE && table.terms[v as usize] == *term
-    })
+/// A request table read for one call: its tuples hold the values of the grouping
+/// dimensions, then of the `attr.` filters' slots.
+pub struct Table {
+    pub rollup: RequestRollup,
+    /// How many grouping dimensions lead each tuple.
+    dims: usize,
+    filters: Vec<(usize, String)>,
 }
 
-/// The value of the `i`th grouping dimension in a tuple, if any.
-pub fn value(table: &RequestRollup, tuple: u32, i: usize) -> Option<&str> {
-    let v = table.tuples[tuple as usize][i];
-    (v != NONE).then(|| table.terms[v as usize].as_str())
+impl Table {
+    /// Whether a tuple passes the call's `attr.` filters.
+    pub fn passes(&self, tuple: u32) -> bool {
+        let t = &self.rollup.tuples[tuple as usize];
+        self.filters.iter().enumerate().all(|(i, (_, term))| {
+            let v = t[self.dims + i];
+            v != NONE && self.rollup.terms[v as usize] == *term
+        })
+    }
+
+    /// The value of the `i`th grouping dimension in a tuple, if any.
+    pub fn value(&self, tuple: u32, i: usize) -> Option<&str> {
+        let v = self.rollup.tuples[tuple as usize][i];
+        (v != NONE).then(|| self.rollup.terms[v as usize].as_str())
+    }
+
+    /// The values of every grouping dimension in a tuple.
+    pub fn key(&self, tuple: u32) -> Vec<Option<&str>> {
+        (0..self.dims).map(|i| self.value(tuple, i)).collect()
+    }
 }
 
-/// The request table over the call's range (`spans`: with span counts), its tuples holding
-/// the values of the grouping slots `dims` then of the filters' slots. `Ok(None)` when the
-/// tables cannot answer it (the caller asks SQL); a spent time budget marks the call partial
-/// and answers an empty table.
+/// The request table over the call's range (`spans`: with span counts) grouped by `dims`.
+/// `Ok(None)` when the tables cannot answer the call (the caller asks SQL): a dimension that
+/// is not a request dimension, a `service` or `name` filter, an `attr.` filter on anything
+/// but a request dimension, or a part the store declines. A spent time budget marks the call
+/// partial and answers an empty table.
 pub async fn table(
     run: &mut Run<'_>,
     p: &Params,
     spans: bool,
-    dims: &[usize],
-    filters: &[(usize, String)],
-) -> Result<Option<RequestTable>> {
+    dims: &[String],
+) -> Result<Option<Table>> {
+    let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
+    let (Some(mut slots), Some(filters)) = (slots, attr_filters(p)) else {
+        return Ok(None);
+    };
+    if p.service.is_some() || p.name.is_some() {
+        return Ok(None);
+    }
+    slots.extend(filters.iter().map(|(s, _)| *s));
     let store = run.engine.store().clone();
     let tenant = run.tenant.clone();
     let (start, end) = (p.start, p.end);
-    let slots: Vec<usize> = dims
-        .iter()
-        .chain(filters.iter().map(|(s, _)| s))
-        .copied()
-        .collect();
     let work = tokio::task::spawn_blocking(move || {
         store.request_table(&tenant, start, end, spans, &slots)
     });
-    match tokio::time::timeout(run.left(), work).await {
+    let read = match tokio::time::timeout(run.left(), work).await {
         Err(_) => {
             run.partial = true;
-            Ok(Some(RequestTable::default()))
+            Some(RequestTable::default())
         }
-        Ok(joined) => Ok(joined
+        Ok(joined) => joined
             .map_err(|e| crate::sql::SqlError::internal(format!("request table: {e}")))?
-            .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?),
-    }
+            .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?,
+    };
+    Ok(read.map(|t| Table {
+        rollup: t.rollup,
+        dims: dims.len(),
+        filters,
+    }))
 }

@@ -81,19 +81,16 @@ impl Store {
         addr: BlockAddr,
         meta: &BlockMeta,
     ) -> Result<Arc<BlockHeat>> {
-        let key = keys::chunk(tenant, SPANS, addr, col::ROLLUP_HEAT);
-        if let Some(h) = self.heats.get(&key) {
-            return Ok(h);
-        }
-        let reader = self.block_reader(tenant, addr, meta);
-        let bytes = reader
-            .raw_chunk(col::ROLLUP_HEAT)?
-            .ok_or_else(|| self.damaged(tenant, SPANS, addr, "heat rollup", "chunk missing"))?;
-        let (ops, cells) = HeatRollup::decode(&bytes)
-            .map_err(|e| self.damaged(tenant, SPANS, addr, "heat rollup", e.to_string()))?;
-        let heat = Arc::new(BlockHeat { ops, cells });
-        self.heats
-            .insert(key.clone(), key.len() + heat.weight(), heat.clone());
-        Ok(heat)
+        self.cached_chunk(
+            &self.heats,
+            (tenant, addr, meta),
+            col::ROLLUP_HEAT,
+            "heat rollup",
+            |b| {
+                let (ops, cells) = HeatRollup::decode(b)?;
+                Ok(BlockHeat { ops, cells })
+            },
+            BlockHeat::weight,
+        )
     }
 }

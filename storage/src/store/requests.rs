@@ -266,20 +266,13 @@ impl Store {
         addr: BlockAddr,
         meta: &BlockMeta,
     ) -> Result<Arc<RequestRollup>> {
-        let key = keys::chunk(tenant, SPANS, addr, col::ROLLUP_REQUESTS);
-        if let Some(r) = self.request_rollups.get(&key) {
-            return Ok(r);
-        }
-        let reader = self.block_reader(tenant, addr, meta);
-        let bytes = reader
-            .raw_chunk(col::ROLLUP_REQUESTS)?
-            .ok_or_else(|| self.damaged(tenant, SPANS, addr, "request rollup", "chunk missing"))?;
-        let rollup = Arc::new(
-            RequestRollup::decode(&bytes)
-                .map_err(|e| self.damaged(tenant, SPANS, addr, "request rollup", e.to_string()))?,
-        );
-        self.request_rollups
-            .insert(key.clone(), key.len() + rollup.weight(), rollup.clone());
-        Ok(rollup)
+        self.cached_chunk(
+            &self.request_rollups,
+            (tenant, addr, meta),
+            col::ROLLUP_REQUESTS,
+            "request rollup",
+            RequestRollup::decode,
+            RequestRollup::weight,
+        )
     }
 }

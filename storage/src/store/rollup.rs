@@ -86,6 +86,33 @@ impl Store {
         Ok(rollup)
     }
 
+    /// A block's chunk `column` in its own encoding, decoded once and kept in `cache`
+    /// (weighed by `weight`); a chunk missing or not decoding marks the block damaged (`part`
+    /// names it).
+    pub(super) fn cached_chunk<T>(
+        &self,
+        cache: &crate::cache::Bounded<Arc<T>>,
+        (tenant, addr, meta): (&TenantId, BlockAddr, &BlockMeta),
+        column: &str,
+        part: &str,
+        decode: impl FnOnce(&[u8]) -> Result<T>,
+        weight: impl FnOnce(&T) -> usize,
+    ) -> Result<Arc<T>> {
+        let key = keys::chunk(tenant, SPANS, addr, column);
+        if let Some(hit) = cache.get(&key) {
+            return Ok(hit);
+        }
+        let reader = self.block_reader(tenant, addr, meta);
+        let bytes = reader
+            .raw_chunk(column)?
+            .ok_or_else(|| self.damaged(tenant, SPANS, addr, part, "chunk missing"))?;
+        let value = Arc::new(
+            decode(&bytes).map_err(|e| self.damaged(tenant, SPANS, addr, part, e.to_string()))?,
+        );
+        cache.insert(key.clone(), key.len() + weight(&value), value.clone());
+        Ok(value)
+    }
+
     /// Joins each orphan of `total` to its parent (head rows, or the blocks the trace-id
     /// index names for its trace) when the parent starts in `range`; then clears them.
     fn join_orphans(
