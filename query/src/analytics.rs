@@ -10,6 +10,7 @@
 //! gives to the HTTP API and [`functions`] to SQL.
 
 pub mod anomalies;
+pub mod decode;
 pub mod drift;
 pub mod exec;
 pub mod functions;

@@ -11,6 +11,11 @@
 //! SQL heatmap computes, so that steps of whole seconds over ranges of whole seconds are
 //! answered exactly. Rollups merge by adding counts and keeping the greater exemplar.
 //!
+//! A third track, [`Track::ItlBin`], counts decode token latencies by their quantile-sketch
+//! bin ([`crate::sketch::bin_of`], 1% relative error) instead of a log2 bucket, without
+//! exemplars: what an anomaly scan of decode latency reads its per-step p95 from. Version 1
+//! rollups lack it ([`BlockHeat::has_bins`]).
+//!
 //! A span block keeps the rollup of its rows as a chunk written with the block (see
 //! `block::writer`); a block written before keeps none, and a heatmap over it runs on SQL.
 
@@ -26,7 +31,7 @@ use crate::rollup::Op;
 use crate::schema::DEDICATED;
 
 /// Version of the encoded rollup.
-pub const HEAT_VERSION: u8 = 1;
+pub const HEAT_VERSION: u8 = 2;
 
 /// The bucket of values that are zero or negative (SQL's heatmap uses the same).
 pub const ZERO_BUCKET: i16 = -1075;
@@ -44,6 +49,8 @@ pub enum Track {
     Duration = 0,
     /// A decode token span's latency.
     Itl = 1,
+    /// A decode token span's latency by sketch bin (no exemplar; from version 2).
+    ItlBin = 2,
 }
 
 impl Track {
@@ -51,6 +58,7 @@ impl Track {
         match b {
             0 => Ok(Self::Duration),
             1 => Ok(Self::Itl),
+            2 => Ok(Self::ItlBin),
             b => Err(StorageError::corrupt(
                 "heat rollup",
                 format!("track {b} is unknown"),
@@ -67,6 +75,23 @@ pub fn bucket_of(ms: f64) -> i16 {
             .clamp(f64::from(i16::MIN), f64::from(i16::MAX)) as i16
     } else {
         ZERO_BUCKET
+    }
+}
+
+/// A sketch bin ([`crate::sketch::bin_of`]) as a cell's bucket: bins beyond `i16` (values
+/// beyond e^±655 ms) clamp, [`crate::sketch::ZERO_BIN`] is `i16::MIN`.
+pub fn bin_bucket(ms: f64) -> i16 {
+    match crate::sketch::bin_of(ms) {
+        crate::sketch::ZERO_BIN => i16::MIN,
+        b => b.clamp(i64::from(i16::MIN) + 1, i64::from(i16::MAX)) as i16,
+    }
+}
+
+/// The sketch bin of a [`Track::ItlBin`] cell's bucket.
+pub fn bucket_bin(bucket: i16) -> i64 {
+    match bucket {
+        i16::MIN => crate::sketch::ZERO_BIN,
+        b => b.into(),
     }
 }
 
@@ -143,6 +168,11 @@ impl HeatRollup {
         if s.name == TOKEN_SPAN {
             let itl = token_latency_ms(s);
             self.add((op, Track::Itl, second, bucket_of(itl)), 1, s.trace_id);
+            self.add(
+                (op, Track::ItlBin, second, bin_bucket(itl)),
+                1,
+                TraceId([0; 16]),
+            );
         }
     }
 
@@ -206,17 +236,19 @@ impl HeatRollup {
             w.u64(c.second - base);
             w.i64(c.bucket.into());
             w.u64(c.count);
-            w.raw(&c.exemplar.0);
+            if c.track != Track::ItlBin {
+                w.raw(&c.exemplar.0);
+            }
         }
         w.buf
     }
 
     /// The cells of an encoded rollup with its operations (sorted as [`Self::cells`]).
-    pub fn decode(buf: &[u8]) -> Result<(Vec<Op>, Vec<Cell>)> {
+    pub fn decode(buf: &[u8]) -> Result<BlockHeat> {
         let corrupt = |m: String| StorageError::corrupt("heat rollup", m);
         let mut r = Reader::new(buf);
         let version = r.u8()?;
-        if version != HEAT_VERSION {
+        if !(1..=HEAT_VERSION).contains(&version) {
             return Err(corrupt(format!(
                 "version {version}, this build reads {HEAT_VERSION}"
             )));
@@ -240,16 +272,25 @@ impl HeatRollup {
                 .ok_or_else(|| corrupt("second out of range".into()))?;
             let bucket =
                 i16::try_from(r.i64()?).map_err(|_| corrupt("bucket out of range".into()))?;
+            let count = r.u64()?;
+            let exemplar = match track {
+                Track::ItlBin => TraceId([0; 16]),
+                _ => TraceId(r.raw(16)?.try_into().expect("16 bytes")),
+            };
             cells.push(Cell {
                 op: op as u32,
                 track,
                 second,
                 bucket,
-                count: r.u64()?,
-                exemplar: TraceId(r.raw(16)?.try_into().expect("16 bytes")),
+                count,
+                exemplar,
             });
         }
-        Ok((ops, cells))
+        Ok(BlockHeat {
+            ops,
+            cells,
+            has_bins: version >= 2,
+        })
     }
 }
 
@@ -258,6 +299,8 @@ impl HeatRollup {
 pub struct BlockHeat {
     pub ops: Vec<Op>,
     pub cells: Vec<Cell>,
+    /// Whether it counts [`Track::ItlBin`] (version 2 on).
+    pub has_bins: bool,
 }
 
 impl BlockHeat {
@@ -322,9 +365,26 @@ mod tests {
         assert_eq!(find(Track::Itl, 10, 2), Some((1, 2)));
         assert_eq!(find(Track::Duration, 11, 10), Some((1, 3)));
         assert_eq!(find(Track::Itl, 11, 10), None);
-        let (ops, back) = HeatRollup::decode(&r.encode()).unwrap();
-        assert_eq!(ops, r.ops);
-        assert_eq!(back, cells);
+        let back = HeatRollup::decode(&r.encode()).unwrap();
+        assert!(back.has_bins);
+        assert_eq!(back.ops, r.ops);
+        assert_eq!(back.cells, cells);
+        // the bins: 0.7 and 3.5 ms, no exemplar
+        let bins: Vec<(i64, u64, TraceId)> = cells
+            .iter()
+            .filter(|c| c.track == Track::ItlBin)
+            .map(|c| (bucket_bin(c.bucket), c.count, c.exemplar))
+            .collect();
+        let zero = TraceId([0; 16]);
+        let mut want = vec![
+            (crate::sketch::bin_of(0.7), 1, zero),
+            (crate::sketch::bin_of(3.5), 1, zero),
+        ];
+        want.sort();
+        assert_eq!(bins, want);
+        assert_eq!(bucket_bin(bin_bucket(0.0)), crate::sketch::ZERO_BIN);
+        assert_eq!(bucket_bin(bin_bucket(-1.0)), crate::sketch::ZERO_BIN);
+        assert_eq!(bucket_bin(bin_bucket(1e300)), i64::from(i16::MAX));
         // merging halves is the rollup of the whole
         let mut halves = HeatRollup::of_spans(&spans[2..]);
         halves.absorb(&HeatRollup::of_spans(&spans[..2]));

@@ -127,6 +127,27 @@ impl BlockView<'_> {
         self.reader.spans(rows, with_long)
     }
 
+    /// The doubles of dedicated column `key` (a `Double` one) as the block keeps them: a
+    /// value sent with another type is not there (what the `spans` table's column reads).
+    pub fn dedicated_doubles(&self, key: &str, rows: &Rows) -> Result<Option<Vec<Option<f64>>>> {
+        use arrow::array::{Array, AsArray};
+        let Some((i, _)) = dedicated_for(key) else {
+            return Ok(None);
+        };
+        let name = format!("{}{}", col::DEDICATED_PREFIX, DEDICATED[i].name);
+        let Some(a) = self.reader.column(&name, rows)? else {
+            return Ok(None);
+        };
+        let Some(a) = a.as_primitive_opt::<arrow::datatypes::Float64Type>() else {
+            return Ok(None);
+        };
+        Ok(Some(
+            (0..a.len())
+                .map(|j| a.is_valid(j).then(|| a.value(j)))
+                .collect(),
+        ))
+    }
+
     /// The value of attribute `key` of each row, wherever the block keeps it (its dedicated or
     /// dynamic column, or the map of other attributes).
     pub fn attribute(&self, key: &str, rows: &Rows) -> Result<Vec<Option<Value>>> {

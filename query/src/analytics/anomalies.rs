@@ -259,7 +259,8 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
     let (start, end) = (p.start.unwrap_or(0), p.end.unwrap_or(0));
     let step = match p.duration("step")? {
         Some(s) => s,
-        None => std::time::Duration::from_millis(((end - start) / 40 / 1_000_000).max(1000)),
+        // a fortieth of the range in whole seconds (what the blocks' per-second cells answer)
+        None => std::time::Duration::from_secs(((end - start) / 40 / 1_000_000_000).max(1)),
     };
     let step_ns = steps(start, end, step, "step")?;
     let dims = p.list_or("dims", DEFAULT_DIMS);
@@ -312,62 +313,43 @@ async fn span_incidents(
         ),
         s => (span_signal(s)?, Kind::Latency),
     };
-    let filter = p.where_clause(&[format!("({})", spec.condition)])?;
-    let t = format!(
-        "CAST(date_bin(INTERVAL '{} milliseconds', start_time) AS BIGINT)",
-        step_ns / 1_000_000
-    );
-    let series_q = match kind {
-        Kind::Latency => format!(
-            "SELECT t, {} AS k, count(*) FROM (SELECT {t} AS t, {} AS v FROM spans {filter}) \
-             WHERE v IS NOT NULL GROUP BY t, k",
-            bin_sql("v"),
-            spec.value
-        ),
-        _ => format!(
-            "SELECT {t} AS t, count(*), sum({}) FROM spans {filter} GROUP BY 1",
-            spec.value
-        ),
-    };
-    let Some(rows) = run.sql_or_partial(&series_q).await? else {
-        return Ok(Vec::new());
-    };
-    let times = rows.i64(0);
+    let decode = matches!(signal, "itl" | "decode_latency");
     let mut points: BTreeMap<u64, Point> = BTreeMap::new();
     let mut sketches: BTreeMap<u64, Sketch> = BTreeMap::new();
     let mut overall = Sketch::default();
-    match kind {
-        Kind::Latency => {
-            let (k, n) = (rows.i64(1), rows.i64(2));
-            for i in 0..rows.len() {
-                let t = times[i].unwrap_or(0) as u64;
-                let (k, n) = (k[i].unwrap_or(0), n[i].unwrap_or(0) as u64);
-                sketches.entry(t).or_default().add(k, n);
-                overall.add(k, n);
-            }
-            for (t, s) in &sketches {
-                points.insert(
-                    *t,
-                    Point {
-                        t: *t,
-                        v: s.quantile(0.95).unwrap_or(0.0),
-                        n: s.count() as f64,
-                    },
-                );
-            }
+    let from_rollups = if decode {
+        super::decode::series(run, p, step_ns).await?
+    } else {
+        None
+    };
+    if let Some(steps) = from_rollups {
+        sketches = steps;
+        for s in sketches.values() {
+            overall.merge(s);
         }
-        _ => {
-            let (n, e) = (rows.f64(1), rows.f64(2));
-            for i in 0..rows.len() {
-                let t = times[i].unwrap_or(0) as u64;
-                let (n, e) = (n[i].unwrap_or(0.0), e[i].unwrap_or(0.0));
-                let v = match kind {
-                    Kind::Rate => e / n.max(1.0),
-                    _ => n / (step_ns as f64 / 1e9),
-                };
-                points.insert(t, Point { t, v, n });
-            }
-        }
+    } else if !series_of_sql(
+        run,
+        p,
+        &spec,
+        &kind,
+        step_ns,
+        &mut sketches,
+        &mut overall,
+        &mut points,
+    )
+    .await?
+    {
+        return Ok(Vec::new());
+    }
+    for (t, s) in &sketches {
+        points.insert(
+            *t,
+            Point {
+                t: *t,
+                v: s.quantile(0.95).unwrap_or(0.0),
+                n: s.count() as f64,
+            },
+        );
     }
     // every step of the range, empty ones as zero (a stop is a throughput anomaly)
     let first = p.start.unwrap_or(0) / step_ns * step_ns;
@@ -400,7 +382,20 @@ async fn span_incidents(
         }
         _ => 0.0,
     };
-    let causes = attribute(run, p, &spec, &kind, &windows, baseline, mid, dims).await?;
+    let from_postings = if decode {
+        let ask = super::decode::Ask {
+            windows: windows.iter().map(|w| (w.start, w.end)).collect(),
+            threshold: baseline,
+            mid,
+        };
+        super::decode::tallies(run, p, dims, ask).await?
+    } else {
+        None
+    };
+    let causes = match from_postings {
+        Some(t) => rank(&t, dims),
+        None => attribute(run, p, &spec, &kind, &windows, baseline, mid, dims).await?,
+    };
     Ok(windows
         .iter()
         .zip(causes)
@@ -416,6 +411,67 @@ async fn span_incidents(
             co_signals: Vec::new(),
         })
         .collect())
+}
+
+/// The series of a span signal in SQL: per step, a latency signal's sketch (into `sketches`
+/// and `overall`), or a rate's or count's point (into `points`). `false` when the time budget
+/// ran out first.
+#[allow(clippy::too_many_arguments)]
+async fn series_of_sql(
+    run: &mut Run<'_>,
+    p: &Params,
+    spec: &SpanSignal,
+    kind: &Kind,
+    step_ns: u64,
+    sketches: &mut BTreeMap<u64, Sketch>,
+    overall: &mut Sketch,
+    points: &mut BTreeMap<u64, Point>,
+) -> Result<bool> {
+    let filter = p.where_clause(&[format!("({})", spec.condition)])?;
+    let t = format!(
+        "CAST(date_bin(INTERVAL '{} milliseconds', start_time) AS BIGINT)",
+        step_ns / 1_000_000
+    );
+    let series_q = match kind {
+        Kind::Latency => format!(
+            "SELECT t, {} AS k, count(*) FROM (SELECT {t} AS t, {} AS v FROM spans {filter}) \
+             WHERE v IS NOT NULL GROUP BY t, k",
+            bin_sql("v"),
+            spec.value
+        ),
+        _ => format!(
+            "SELECT {t} AS t, count(*), sum({}) FROM spans {filter} GROUP BY 1",
+            spec.value
+        ),
+    };
+    let Some(rows) = run.sql_or_partial(&series_q).await? else {
+        return Ok(false);
+    };
+    let times = rows.i64(0);
+    match kind {
+        Kind::Latency => {
+            let (k, n) = (rows.i64(1), rows.i64(2));
+            for i in 0..rows.len() {
+                let t = times[i].unwrap_or(0) as u64;
+                let (k, n) = (k[i].unwrap_or(0), n[i].unwrap_or(0) as u64);
+                sketches.entry(t).or_default().add(k, n);
+                overall.add(k, n);
+            }
+        }
+        _ => {
+            let (n, e) = (rows.f64(1), rows.f64(2));
+            for i in 0..rows.len() {
+                let t = times[i].unwrap_or(0) as u64;
+                let (n, e) = (n[i].unwrap_or(0.0), e[i].unwrap_or(0.0));
+                let v = match kind {
+                    Kind::Rate => e / n.max(1.0),
+                    _ => n / (step_ns as f64 / 1e9),
+                };
+                points.insert(t, Point { t, v, n });
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// String attributes of request spans with 2 to 1,000 values in the range.
@@ -543,66 +599,139 @@ async fn attribute(
     let w = rows.i64(0);
     let values: Vec<Vec<Option<String>>> = (0..k).map(|i| rows.strings(1 + i)).collect();
     let (n, a, ex) = (rows.f64(1 + k), rows.f64(2 + k), rows.f64(3 + k));
-    // candidates: single dimensions and pairs
-    let mut sets: Vec<Vec<usize>> = (0..k).map(|i| vec![i]).collect();
-    for i in 0..k {
-        for j in i + 1..k {
-            sets.push(vec![i, j]);
-        }
-    }
-    let mut out = Vec::new();
-    for win in 1..=windows.len() as i64 {
-        // value tuple -> (anomalous, excess, baseline)
-        let mut tally: Vec<BTreeMap<Vec<String>, (f64, f64, f64)>> =
-            vec![BTreeMap::new(); sets.len()];
-        let (mut total_a, mut total_ex, mut total_b) = (0.0, 0.0, 0.0);
-        for row in 0..rows.len() {
-            let in_win = w[row] == Some(win);
-            let baseline = w[row] == Some(0);
-            if !in_win && !baseline {
-                continue;
-            }
-            let (rn, ra, rex) = (
-                n[row].unwrap_or(0.0),
+    let mut t = Tallies::new(k, windows.len());
+    for row in 0..rows.len() {
+        let tuple: Vec<Option<String>> = values.iter().map(|v| v[row].clone()).collect();
+        match w[row] {
+            Some(0) => t.baseline_of(&tuple, n[row].unwrap_or(0.0)),
+            Some(win) if win > 0 => t.anomalous_of(
+                win as usize - 1,
+                &tuple,
                 a[row].unwrap_or(0.0),
                 ex[row].unwrap_or(0.0),
-            );
-            if in_win {
-                total_a += ra;
-                total_ex += rex;
-            } else {
-                total_b += rn;
+            ),
+            _ => {}
+        }
+    }
+    Ok(rank(&t, &dims))
+}
+
+/// What attribution ranks, per window: the anomalous units and their excess by the values of
+/// each candidate set of dimensions (each one and each pair), and the baseline units by the
+/// same keys.
+#[derive(Clone, Debug, Default)]
+pub struct Tallies {
+    /// The sets: dimension indexes, single ones first.
+    pub sets: Vec<Vec<usize>>,
+    pub windows: Vec<WindowTally>,
+    /// Baseline units by set and values (a key with none here has none).
+    pub baseline: Vec<BTreeMap<Vec<String>, f64>>,
+    pub total_baseline: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WindowTally {
+    /// (anomalous units, excess) by set and values.
+    pub by: Vec<BTreeMap<Vec<String>, (f64, f64)>>,
+    pub anomalous: f64,
+    pub excess: f64,
+}
+
+impl Tallies {
+    pub fn new(dims: usize, windows: usize) -> Self {
+        let mut sets: Vec<Vec<usize>> = (0..dims).map(|i| vec![i]).collect();
+        for i in 0..dims {
+            for j in i + 1..dims {
+                sets.push(vec![i, j]);
             }
-            for (s, set) in sets.iter().enumerate() {
-                let Some(key) = set
-                    .iter()
-                    .map(|d| values[*d][row].clone())
-                    .collect::<Option<Vec<String>>>()
-                else {
-                    continue;
+        }
+        Self {
+            windows: vec![
+                WindowTally {
+                    by: vec![BTreeMap::new(); sets.len()],
+                    ..Default::default()
                 };
-                let e = tally[s].entry(key).or_default();
-                if in_win {
-                    e.0 += ra;
-                    e.1 += rex;
-                } else {
-                    e.2 += rn;
+                windows
+            ],
+            baseline: vec![BTreeMap::new(); sets.len()],
+            sets,
+            total_baseline: 0.0,
+        }
+    }
+
+    /// A set's key in a tuple of values (one per dimension): `None` when one is missing.
+    pub fn key(set: &[usize], tuple: &[Option<String>]) -> Option<Vec<String>> {
+        set.iter().map(|d| tuple[*d].clone()).collect()
+    }
+
+    /// Counts `units` anomalous units with `excess` of values `tuple` in window `w`.
+    pub fn anomalous_of(&mut self, w: usize, tuple: &[Option<String>], units: f64, excess: f64) {
+        let win = &mut self.windows[w];
+        win.anomalous += units;
+        win.excess += excess;
+        for (s, set) in self.sets.iter().enumerate() {
+            if let Some(key) = Self::key(set, tuple) {
+                let e = win.by[s].entry(key).or_default();
+                e.0 += units;
+                e.1 += excess;
+            }
+        }
+    }
+
+    /// Counts `units` baseline units of values `tuple`.
+    pub fn baseline_of(&mut self, tuple: &[Option<String>], units: f64) {
+        self.total_baseline += units;
+        for (s, set) in self.sets.iter().enumerate() {
+            if let Some(key) = Self::key(set, tuple) {
+                *self.baseline[s].entry(key).or_default() += units;
+            }
+        }
+    }
+
+    /// The keys that [`rank`] may look at, by set: those holding at least [`MIN_SUPPORT`] of
+    /// some window's anomalous units (a pair's keys only when both its values are such).
+    pub fn candidates(&self) -> Vec<BTreeSet<Vec<String>>> {
+        let mut out = vec![BTreeSet::new(); self.sets.len()];
+        for win in &self.windows {
+            if win.anomalous <= 0.0 {
+                continue;
+            }
+            for (s, by) in win.by.iter().enumerate() {
+                for (key, (a, _)) in by {
+                    if *a / win.anomalous >= MIN_SUPPORT {
+                        out[s].insert(key.clone());
+                    }
                 }
             }
         }
+        out
+    }
+}
+
+/// The causes of each window, best first: candidates holding at least [`MIN_SUPPORT`] of the
+/// window's anomalous units, over-represented (lift above 1), ranked by
+/// `share_of_excess × ln(lift)`.
+pub(super) fn rank(t: &Tallies, dims: &[String]) -> Vec<Vec<Cause>> {
+    let mut out = Vec::new();
+    for win in &t.windows {
+        let (total_a, total_ex, total_b) = (win.anomalous, win.excess, t.total_baseline);
+        let base = |s: usize, key: &[String]| t.baseline[s].get(key).copied().unwrap_or(0.0);
         let mut causes = Vec::new();
         if total_a > 0.0 {
-            for (s, set) in sets.iter().enumerate() {
-                for (key, (va, vex, vb)) in &tally[s] {
+            for (s, set) in t.sets.iter().enumerate() {
+                for (key, (va, vex)) in &win.by[s] {
                     if *va / total_a < MIN_SUPPORT {
                         continue;
                     }
+                    let vb = base(s, key);
                     // a pair that counts what one of its values alone counts says nothing more
                     if set.len() == 2
                         && set.iter().zip(key).any(|(d, v)| {
-                            tally[*d]
+                            win.by[*d]
                                 .get(std::slice::from_ref(v))
-                                .is_some_and(|(a1, _, b1)| a1 == va && b1 == vb)
+                                .is_some_and(|(a1, _)| {
+                                    *a1 == *va && base(*d, std::slice::from_ref(v)) == vb
+                                })
                         })
                     {
                         continue;
@@ -638,7 +767,7 @@ async fn attribute(
         causes.truncate(MAX_ATTRIBUTION);
         out.push(causes);
     }
-    Ok(out)
+    out
 }
 
 /// The PromQL expression of a metric signal.
@@ -803,4 +932,60 @@ impl Anomalies {
             .collect();
         json!({"incidents": incidents, "partial": self.partial})
     }
+}
+
+/// Decode latency attribution both ways, SQL first, then postings (`None` when they decline):
+/// what tests compare.
+#[cfg(test)]
+pub(crate) async fn decode_attributions(
+    run: &mut Run<'_>,
+    p: &Params,
+    windows: &[(u64, u64)],
+    threshold: f64,
+    mid: f64,
+    dims: &[String],
+) -> Result<(Vec<Vec<Cause>>, Option<Vec<Vec<Cause>>>)> {
+    let spec = span_signal("itl")?;
+    let ws: Vec<Window> = windows
+        .iter()
+        .map(|&(start, end)| Window {
+            start,
+            end,
+            score: 0.0,
+            peak: 0.0,
+        })
+        .collect();
+    let sql = attribute(run, p, &spec, &Kind::Latency, &ws, threshold, mid, dims).await?;
+    let ask = super::decode::Ask {
+        windows: windows.to_vec(),
+        threshold,
+        mid,
+    };
+    let fast = super::decode::tallies(run, p, dims, ask)
+        .await?
+        .map(|t| rank(&t, dims));
+    Ok((sql, fast))
+}
+
+/// Decode latency sketches per step both ways, SQL first, then heat rollups.
+#[cfg(test)]
+pub(crate) async fn decode_series(
+    run: &mut Run<'_>,
+    p: &Params,
+    step: u64,
+) -> Result<(BTreeMap<u64, Sketch>, Option<BTreeMap<u64, Sketch>>)> {
+    let spec = span_signal("itl")?;
+    let (mut sketches, mut overall, mut points) = Default::default();
+    series_of_sql(
+        run,
+        p,
+        &spec,
+        &Kind::Latency,
+        step,
+        &mut sketches,
+        &mut overall,
+        &mut points,
+    )
+    .await?;
+    Ok((sketches, super::decode::series(run, p, step).await?))
 }

@@ -79,6 +79,27 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Runs storage work (reading blocks' rollups or postings) off the runtime's threads
+    /// within the time left: `Ok(None)` when the budget ran out first (the call is marked
+    /// partial; the work finishes unobserved), `what` naming it in errors.
+    pub async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+        &mut self,
+        what: &str,
+        work: impl FnOnce() -> std::result::Result<T, E> + Send + 'static,
+    ) -> Result<Option<T>> {
+        match tokio::time::timeout(self.left(), tokio::task::spawn_blocking(work)).await {
+            Err(_) => {
+                self.partial = true;
+                Ok(None)
+            }
+            Ok(joined) => Ok(Some(
+                joined
+                    .map_err(|e| SqlError::internal(format!("{what}: {e}")))?
+                    .map_err(|e| SqlError::internal(format!("{what}: {e}")))?,
+            )),
+        }
+    }
+
     /// Applies the rows budget: when more than `max_rows_scanned` spans match the parameters,
     /// moves the start later so that about that many (the newest) remain, and marks the call
     /// partial. Needs a range: an open one is closed on the data's own.

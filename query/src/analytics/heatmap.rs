@@ -223,7 +223,7 @@ async fn of_rollups(
     let tenant = run.tenant.clone();
     let (start, end) = (p.start, p.end);
     let (service, name) = (p.service.clone(), p.name.clone());
-    let work = tokio::task::spawn_blocking(move || {
+    let work = move || {
         let keep = |s: &str, n: &str| {
             service.as_deref().is_none_or(|x| x == s)
                 && name.as_deref().is_none_or(|x| x == n)
@@ -246,22 +246,12 @@ async fn of_rollups(
                 }
             },
         )?;
-        Ok::<_, weft_storage::error::StorageError>(answered.then_some(cells))
-    });
-    let cells = match tokio::time::timeout(run.left(), work).await {
-        Err(_) => {
-            run.partial = true;
-            Default::default()
-        }
-        Ok(joined) => {
-            match joined
-                .map_err(|e| crate::sql::SqlError::internal(format!("heat rollup: {e}")))?
-                .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?
-            {
-                Some(cells) => cells,
-                None => return Ok(None),
-            }
-        }
+        Ok::<_, weft_storage::StorageError>(answered.then_some(cells))
+    };
+    let cells = match run.blocking("heat rollup", work).await? {
+        None => Default::default(),
+        Some(Some(cells)) => cells,
+        Some(None) => return Ok(None),
     };
     let mut out = Cells {
         xs: Vec::with_capacity(cells.len()),

@@ -90,18 +90,12 @@ pub async fn table(
     let store = run.engine.store().clone();
     let tenant = run.tenant.clone();
     let (start, end) = (p.start, p.end);
-    let work = tokio::task::spawn_blocking(move || {
-        store.request_table(&tenant, start, end, spans, &slots)
-    });
-    let read = match tokio::time::timeout(run.left(), work).await {
-        Err(_) => {
-            run.partial = true;
-            Some(RequestTable::default())
-        }
-        Ok(joined) => joined
-            .map_err(|e| crate::sql::SqlError::internal(format!("request table: {e}")))?
-            .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?,
-    };
+    let read = run
+        .blocking("request table", move || {
+            store.request_table(&tenant, start, end, spans, &slots)
+        })
+        .await?
+        .unwrap_or_else(|| Some(RequestTable::default()));
     Ok(read.map(|t| Table {
         rollup: t.rollup,
         dims: dims.len(),

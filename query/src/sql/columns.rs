@@ -10,7 +10,7 @@ pub use weft_storage::scan::arrays::{
 };
 pub use weft_storage::scan::spans::{SpanCol, SpanColumns};
 
-pub(super) fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
+pub(crate) fn storage_err(e: weft_storage::StorageError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 

@@ -351,6 +351,36 @@ pub fn late_rows_passing(
     Ok(passing)
 }
 
+/// The terms of request slots `slots` of some late rows of a block (see [`late_rows`]),
+/// resolved over their whole trace: one vector per row of `rows` (ascending), one term per slot.
+pub fn late_terms(
+    store: &Store,
+    tenant: &TenantId,
+    snapshot: &Snapshot,
+    head: &HeadRequests,
+    (addr, meta): (BlockAddr, &BlockMeta),
+    rows: &RoaringBitmap,
+    slots: &[usize],
+) -> Result<Vec<Vec<Option<String>>>> {
+    let (spans, traces, whole) = resolved_rows(store, tenant, snapshot, head, (addr, meta), rows)?;
+    Ok(spans
+        .iter()
+        .zip(&traces)
+        .map(|(span, trace)| {
+            let at = whole
+                .get(trace)
+                .and_then(|t| Some((t.as_ref(), t.row(trace, span)?)));
+            slots
+                .iter()
+                .map(|&slot| {
+                    at.and_then(|(t, row)| t.value(row, slot))
+                        .and_then(Value::as_term)
+                })
+                .collect()
+        })
+        .collect())
+}
+
 /// Replaces the request columns' values of a block's late rows (see [`late_rows`]) by their
 /// values resolved over the whole trace. `columns` are `(slot, array)` pairs aligned to `rows`.
 #[allow(clippy::too_many_arguments)]

@@ -43,8 +43,15 @@ impl Store {
                 return Ok(false);
             }
         }
+        let mut heats = Vec::with_capacity(in_range.len());
         for (addr, meta) in in_range {
             let heat = self.block_heat(tenant, *addr, meta)?;
+            if track == Track::ItlBin && !heat.has_bins {
+                return Ok(false);
+            }
+            heats.push((meta, heat));
+        }
+        for (meta, heat) in heats {
             let wanted: Vec<bool> = heat.ops.iter().map(|(s, n)| keep(s, n)).collect();
             // the seconds in range (the ends are whole seconds where they cut the block)
             let first = if meta.min_start < lo { lo / SECOND } else { 0 };
@@ -86,10 +93,7 @@ impl Store {
             (tenant, addr, meta),
             col::ROLLUP_HEAT,
             "heat rollup",
-            |b| {
-                let (ops, cells) = HeatRollup::decode(b)?;
-                Ok(BlockHeat { ops, cells })
-            },
+            HeatRollup::decode,
             BlockHeat::weight,
         )
     }

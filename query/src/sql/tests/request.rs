@@ -316,3 +316,126 @@ fn explain_shows_request_postings() {
     assert!(plan.contains("postings worker.id present"), "{plan}");
     assert!(!plan.contains("filter=["), "{plan}");
 }
+
+/// The traces above with decode token spans as engines name them, each with its own latency
+/// (some without: their duration counts): slow (40–60 ms) for worker `w-3` between seconds
+/// 20 and 30, 1–5 ms otherwise.
+fn token_traces(seed: u64) -> Vec<(u8, SpanRecord)> {
+    use weft_storage::heat::{TOKEN_LATENCY, TOKEN_SPAN};
+    let groups = traces(seed);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let mut rng = StdRng::seed_from_u64(seed + 1);
+    groups
+        .iter()
+        .map(|(g, s)| {
+            let mut s = s.clone();
+            if s.name == "llm.decode" {
+                s.name = TOKEN_SPAN.into();
+                let second = (s.start.0 - BASE) / 1_000_000_000;
+                let slow = (20..30).contains(&second) && naive(&all, &s, "worker.id") == "w-3";
+                let ms = if slow {
+                    rng.random_range(40.0..60.0)
+                } else {
+                    rng.random_range(1.0..5.0)
+                };
+                if !rng.random_bool(0.1) {
+                    s.attributes
+                        .push(KeyValue::new(TOKEN_LATENCY, Value::Double(ms)));
+                }
+            }
+            (*g, s)
+        })
+        .collect()
+}
+
+#[test]
+fn decode_anomaly_series_and_attribution_from_rollups_and_postings_match_sql() {
+    use crate::analytics::anomalies::{decode_attributions, decode_series};
+    use crate::analytics::exec::Run;
+    use crate::analytics::params::Params;
+    let tenant = TenantId::default_tenant();
+    let groups = token_traces(5);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path(), &groups, &tenant);
+    assert!(store.blocks(&tenant).len() >= 2);
+    let f = fixture_of(dir, store.clone(), all);
+    let s = 1_000_000_000;
+    let dims: Vec<String> = [
+        "llm.model_version",
+        "worker.id",
+        "llm.batch_size",
+        "service.name",
+        "llm.lora_adapter",
+    ]
+    .map(String::from)
+    .to_vec();
+    let params = |start: Option<u64>, end: Option<u64>| {
+        let mut p = Params::default();
+        (p.start, p.end) = (start, end);
+        p
+    };
+    let check = |f: &Fixture| {
+        block_on(async {
+            let mut run = Run::plain(&f.engine, &f.tenant);
+            // the series: per 10 s step, the same bins (whole-second ranges alone)
+            for (range, answered) in [
+                ((None, None), true),
+                ((Some(BASE + 10 * s), Some(BASE + 50 * s)), true),
+                ((Some(BASE + 10 * s + 1), None), false),
+            ] {
+                let (sql, fast) = decode_series(&mut run, &params(range.0, range.1), 10 * s)
+                    .await
+                    .unwrap();
+                assert!(!sql.is_empty());
+                if answered {
+                    assert_eq!(fast, Some(sql), "{range:?}");
+                } else {
+                    assert!(fast.is_none_or(|f| f == sql), "{range:?}");
+                }
+            }
+            // attribution: windows whole, cut, and one with nothing slow
+            let windows = [
+                (BASE + 20 * s, BASE + 30 * s),
+                (BASE + 40 * s + s / 2, BASE + 45 * s),
+            ];
+            for range in [
+                (None, None),
+                (Some(BASE + 15 * s + s / 3), Some(BASE + 50 * s + 7)),
+            ] {
+                let (sql, fast) = decode_attributions(
+                    &mut run,
+                    &params(range.0, range.1),
+                    &windows,
+                    10.0,
+                    3.0,
+                    &dims,
+                )
+                .await
+                .unwrap();
+                // the slow worker is among the first window's causes, the second has none
+                assert!(
+                    sql[0]
+                        .iter()
+                        .any(|c| c.value.split(',').any(|v| v == "w-3")),
+                    "{sql:?}"
+                );
+                assert!(sql[1].is_empty(), "{sql:?}");
+                let fast = fast.expect("postings answer");
+                assert_eq!(fast.len(), sql.len());
+                for (a, b) in fast.iter().zip(&sql) {
+                    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert_eq!((&x.dimension, &x.value), (&y.dimension, &y.value));
+                        assert!((x.lift - y.lift).abs() <= 1e-9 * y.lift, "{x:?} vs {y:?}");
+                        assert!((x.share_of_excess - y.share_of_excess).abs() <= 1e-9);
+                    }
+                }
+            }
+        })
+    };
+    check(&f);
+    // with every row in blocks
+    store.flush(true).unwrap();
+    check(&f);
+}

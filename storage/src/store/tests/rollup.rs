@@ -238,20 +238,24 @@ fn naive_heat(
         let duration = s.duration_ns() as f64 / 1e6;
         let v = match track {
             Track::Duration => duration,
-            Track::Itl if s.name == "llm.decode.token" => {
+            Track::Itl | Track::ItlBin if s.name == "llm.decode.token" => {
                 match s.attribute("llm.token.latency_ms") {
                     Some(Value::Double(v)) => *v,
                     _ => duration,
                 }
             }
-            Track::Itl => continue,
+            Track::Itl | Track::ItlBin => continue,
         };
-        let b = if v > 0.0 {
-            v.log2().ceil() as i16
-        } else {
-            -1075
+        let (b, exemplar) = match track {
+            // the 1% sketch bin, no exemplar
+            Track::ItlBin => (
+                (v.ln() / crate::sketch::gamma().ln()).ceil() as i16,
+                TraceId([0; 16]),
+            ),
+            _ if v > 0.0 => (v.log2().ceil() as i16, s.trace_id),
+            _ => (-1075, s.trace_id),
         };
-        add_cell(&mut cells, s.start.0 / 1_000_000_000, b, 1, s.trace_id);
+        add_cell(&mut cells, s.start.0 / 1_000_000_000, b, 1, exemplar);
     }
     cells
 }
@@ -298,8 +302,9 @@ fn heat_rollups_agree_with_a_naive_count_over_blocks_whole_second_ranges_head_an
             (Some(aligned.1), None),
             (None, Some(aligned.0)),
         ];
-        let filters: [(Track, &Keep); 4] = [
+        let filters: [(Track, &Keep); 5] = [
             (Track::Itl, &everything),
+            (Track::ItlBin, &everything),
             (Track::Itl, &engine_tokens),
             (Track::Duration, &everything),
             (Track::Duration, &generate),

@@ -1,0 +1,548 @@
+//! An anomaly scan of decode latency (`decode_latency`, `itl`) without materialising token
+//! spans: what the SQL path computes from every token span, answered from the blocks'
+//! pre-aggregates and postings so that its cost grows with the anomalous windows' rows, not
+//! with the range's.
+//!
+//! - **Series**: the per-step sketch of token latencies is the sum of the blocks' heat cells
+//!   of [`Track::ItlBin`] (token spans counted per second and 1% sketch bin), with the same
+//!   bins the SQL series counts, so the same p95 per step. Steps and range ends must be whole
+//!   seconds where they cut a block's rows.
+//! - **Attribution**: rows of the windows are read (start, latency) to find the anomalous ones
+//!   and their excess; each is given its dimension values from the postings (`request:D`, the
+//!   service's), late rows (see [`late_rows`]) resolved over their whole trace. The baseline
+//!   (token spans outside the windows) is never read row by row: for each candidate value and
+//!   pair of values (those holding at least 10% of some window's anomalous units, all that
+//!   ranking looks at) it is the size of an intersection of bitmaps per block. Head rows are
+//!   counted from the rows.
+//!
+//! Both decline (the caller asks SQL) with `service`, `name` or `attr.` filters, and the
+//! attribution with a dimension other than the service or a request dimension.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use roaring::RoaringBitmap;
+use weft_storage::Store;
+use weft_storage::heat::{TOKEN_SPAN, Track, bucket_bin, token_latency_ms};
+use weft_storage::model::{TenantId, Value};
+use weft_storage::request::{request_dim_name, request_dims};
+use weft_storage::scan::{BlockAddr, BlockMeta, Rows};
+use weft_storage::schema::{DIM_NAME, DIM_SERVICE};
+use weft_storage::sketch::Sketch;
+use weft_storage::store::Snapshot;
+
+use super::anomalies::Tallies;
+use super::exec::Run;
+use super::params::{Params, Result};
+use super::requests::slot;
+use crate::sql::request::{HeadRequests, RequestCell, late_rows, late_terms};
+
+const SECOND: u64 = 1_000_000_000;
+
+/// Whether the call's filters let the pre-aggregates answer.
+pub fn applies(p: &Params) -> bool {
+    p.service.is_none() && p.name.is_none() && p.attrs.is_empty()
+}
+
+/// The sketch of decode token latencies (ms) per step (the step's start, as `date_bin` puts
+/// it), from the blocks' heat cells; `None` when they cannot answer.
+pub async fn series(
+    run: &mut Run<'_>,
+    p: &Params,
+    step: u64,
+) -> Result<Option<BTreeMap<u64, Sketch>>> {
+    if !applies(p) || !step.is_multiple_of(SECOND) {
+        return Ok(None);
+    }
+    let store = run.engine.store().clone();
+    let tenant = run.tenant.clone();
+    let (start, end) = (p.start, p.end);
+    let work = move || {
+        let mut steps: BTreeMap<u64, Sketch> = BTreeMap::new();
+        let keep = |_: &str, n: &str| n == TOKEN_SPAN;
+        let answered = store.heat_cells(
+            &tenant,
+            start,
+            end,
+            Track::ItlBin,
+            &keep,
+            &mut |second, bucket, n, _| {
+                let t = second * SECOND / step * step;
+                steps.entry(t).or_default().add(bucket_bin(bucket), n);
+            },
+        )?;
+        Ok::<_, weft_storage::StorageError>(answered.then_some(steps))
+    };
+    Ok(run
+        .blocking("decode latency series", work)
+        .await?
+        .unwrap_or_else(|| Some(BTreeMap::new())))
+}
+
+/// A dimension attribution can read from postings.
+#[derive(Clone, Copy, Debug)]
+enum Dim {
+    /// The span's own service.
+    Service,
+    /// A request dimension (its slot), inherited from the request.
+    Request(usize),
+}
+
+impl Dim {
+    fn of(name: &str) -> Option<Self> {
+        match name {
+            "service" | "service.name" | "service_name" => Some(Self::Service),
+            d => slot(d).map(Self::Request),
+        }
+    }
+
+    fn postings(self) -> &'static str {
+        match self {
+            Self::Service => DIM_SERVICE,
+            Self::Request(s) => request_dim_name(request_dims()[s]),
+        }
+    }
+}
+
+/// What attribution asks: the windows, the latency over which a token span is anomalous and
+/// the baseline's middle (excess is measured above it).
+pub struct Ask {
+    pub windows: Vec<(u64, u64)>,
+    pub threshold: f64,
+    pub mid: f64,
+}
+
+/// The tallies of decode latency attribution over `dims` (see the module); `None` when the
+/// postings cannot answer.
+pub async fn tallies(
+    run: &mut Run<'_>,
+    p: &Params,
+    dims: &[String],
+    ask: Ask,
+) -> Result<Option<Tallies>> {
+    let parsed: Option<Vec<Dim>> = dims.iter().map(|d| Dim::of(d)).collect();
+    let (Some(parsed), true) = (parsed, applies(p) && !dims.is_empty()) else {
+        return Ok(None);
+    };
+    let store = run.engine.store().clone();
+    let tenant = run.tenant.clone();
+    let (start, end) = (p.start, p.end);
+    let work = move || {
+        let snapshot = store.snapshot(&tenant);
+        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
+        let hi = end.unwrap_or(u64::MAX);
+        let head = RequestCell::default().get(&store, &tenant, &snapshot)?;
+        let scan = Scan {
+            store: &store,
+            tenant: &tenant,
+            snapshot: &snapshot,
+            head: &head,
+            dims: &parsed,
+            ask: &ask,
+            range: (lo, hi),
+        };
+        scan.run().map(Some)
+    };
+    Ok(run
+        .blocking("decode latency attribution", work)
+        .await?
+        .unwrap_or_else(|| Some(Tallies::new(dims.len(), 0))))
+}
+
+/// One attribution's reading of a snapshot.
+struct Scan<'a> {
+    store: &'a Arc<Store>,
+    tenant: &'a TenantId,
+    snapshot: &'a Snapshot,
+    head: &'a HeadRequests,
+    dims: &'a [Dim],
+    ask: &'a Ask,
+    range: (u64, u64),
+}
+
+/// A block's token rows in range, split: those outside every window (the baseline) and the
+/// anomalous ones with their window and excess.
+struct BlockRows {
+    baseline: RoaringBitmap,
+    anomalous: Vec<(u32, usize, f64)>,
+}
+
+type Res<T> = datafusion::error::Result<T>;
+
+/// No value of a dimension, in a tuple of term ids.
+const NONE: u32 = u32::MAX;
+
+/// Terms met, as ids: rows' tuples are ids until they are counted.
+#[derive(Default)]
+struct Terms {
+    terms: Vec<String>,
+    ids: rustc_hash::FxHashMap<String, u32>,
+}
+
+impl Terms {
+    fn id(&mut self, term: &str) -> u32 {
+        if let Some(&i) = self.ids.get(term) {
+            return i;
+        }
+        let i = self.terms.len() as u32;
+        self.terms.push(term.to_owned());
+        self.ids.insert(term.to_owned(), i);
+        i
+    }
+
+    fn tuple(&self, ids: &[u32]) -> Vec<Option<String>> {
+        ids.iter()
+            .map(|&i| (i != NONE).then(|| self.terms[i as usize].clone()))
+            .collect()
+    }
+}
+
+fn err(e: weft_storage::StorageError) -> datafusion::error::DataFusionError {
+    crate::sql::columns::storage_err(e)
+}
+
+impl Scan<'_> {
+    fn window_of(&self, t: u64) -> Option<usize> {
+        self.ask
+            .windows
+            .iter()
+            .position(|(s, e)| (*s..*e).contains(&t))
+    }
+
+    fn run(&self) -> Res<Tallies> {
+        let (lo, hi) = self.range;
+        let mut t = Tallies::new(self.dims.len(), self.ask.windows.len());
+        let blocks: Vec<(BlockAddr, &BlockMeta)> = self
+            .snapshot
+            .blocks
+            .iter()
+            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
+            .map(|(a, m)| (*a, m.as_ref()))
+            .collect();
+        // the windows' rows first: the anomalous units (counted per window and tuple), and so
+        // the candidates
+        let mut terms = Terms::default();
+        let mut groups: Vec<rustc_hash::FxHashMap<Vec<u32>, (f64, f64)>> =
+            vec![Default::default(); self.ask.windows.len()];
+        let mut read: Vec<BlockRows> = Vec::with_capacity(blocks.len());
+        let d = self.dims.len().max(1);
+        for &(addr, meta) in &blocks {
+            let rows = self.block_rows(addr, meta)?;
+            if !rows.anomalous.is_empty() {
+                let set: RoaringBitmap = rows.anomalous.iter().map(|r| r.0).collect();
+                let tuples = self.tuples(addr, meta, &set, &mut terms)?;
+                for ((_, w, excess), tuple) in rows.anomalous.iter().zip(tuples.chunks(d)) {
+                    match groups[*w].get_mut(tuple) {
+                        Some(g) => {
+                            g.0 += 1.0;
+                            g.1 += excess;
+                        }
+                        None => {
+                            groups[*w].insert(tuple.to_vec(), (1.0, *excess));
+                        }
+                    }
+                }
+            }
+            read.push(rows);
+        }
+        for (w, groups) in groups.into_iter().enumerate() {
+            for (tuple, (units, excess)) in groups {
+                t.anomalous_of(w, &terms.tuple(&tuple), units, excess);
+            }
+        }
+        let mut head_baseline = Vec::new();
+        for r in self.snapshot.head.rows() {
+            if r.name != TOKEN_SPAN || !(lo..hi).contains(&r.start.0) {
+                continue;
+            }
+            let values = self.head.of(r);
+            let tuple: Vec<Option<String>> = self
+                .dims
+                .iter()
+                .map(|d| match d {
+                    Dim::Service => Some(r.service_name().to_owned()),
+                    Dim::Request(s) => values
+                        .and_then(|v| v.get(*s))
+                        .and_then(Option::as_ref)
+                        .and_then(Value::as_term),
+                })
+                .collect();
+            match self.window_of(r.start.0) {
+                Some(w) => {
+                    let v = token_latency_ms(r);
+                    if v > self.ask.threshold {
+                        t.anomalous_of(w, &tuple, 1.0, v - self.ask.mid);
+                    }
+                }
+                None => head_baseline.push(tuple),
+            }
+        }
+        // the baseline of the candidates alone
+        let candidates = t.candidates();
+        for tuple in &head_baseline {
+            self.count_baseline(&mut t, &candidates, tuple, 1.0);
+        }
+        t.total_baseline += head_baseline.len() as f64;
+        for ((addr, meta), rows) in blocks.into_iter().zip(read) {
+            self.block_baseline(&mut t, &candidates, addr, meta, rows.baseline, &mut terms)?;
+        }
+        Ok(t)
+    }
+
+    /// Adds a tuple's baseline units to the candidate keys it has.
+    fn count_baseline(
+        &self,
+        t: &mut Tallies,
+        candidates: &[std::collections::BTreeSet<Vec<String>>],
+        tuple: &[Option<String>],
+        units: f64,
+    ) {
+        for (s, set) in t.sets.iter().enumerate() {
+            if let Some(key) = Tallies::key(set, tuple)
+                && candidates[s].contains(&key)
+            {
+                *t.baseline[s].entry(key).or_default() += units;
+            }
+        }
+    }
+
+    /// The block's token rows in range, read row by row only where the range or a window
+    /// cuts the block.
+    fn block_rows(&self, addr: BlockAddr, meta: &BlockMeta) -> Res<BlockRows> {
+        let (lo, hi) = self.range;
+        let names = self
+            .store
+            .dimension_shared(self.tenant, addr, DIM_NAME)
+            .map_err(err)?;
+        let Some((_, tokens)) = names.iter().find(|(n, _)| n == TOKEN_SPAN) else {
+            return Ok(BlockRows {
+                baseline: RoaringBitmap::new(),
+                anomalous: Vec::new(),
+            });
+        };
+        let cut = meta.min_start < lo || meta.max_start >= hi;
+        let windowed = self
+            .ask
+            .windows
+            .iter()
+            .any(|(s, e)| meta.max_start >= *s && meta.min_start < *e);
+        if !cut && !windowed {
+            return Ok(BlockRows {
+                baseline: tokens.clone(),
+                anomalous: Vec::new(),
+            });
+        }
+        let view = self.store.block_view(self.tenant, addr, meta);
+        // a block wholly inside one window needs no start times
+        let inside = self
+            .ask
+            .windows
+            .iter()
+            .position(|(s, e)| meta.min_start >= *s && meta.max_start < *e);
+        let mut in_window: Vec<(u32, usize)> = Vec::new();
+        let mut left_out = Vec::new();
+        match inside {
+            Some(w) if !cut => in_window.extend(tokens.iter().map(|row| (row, w))),
+            _ => {
+                let starts = view.starts(&Rows::Set(tokens.clone())).map_err(err)?;
+                for (row, &start) in tokens.iter().zip(starts.iter()) {
+                    let start = start as u64;
+                    if !(lo..hi).contains(&start) {
+                        left_out.push(row);
+                        continue;
+                    }
+                    if let Some(w) = self.window_of(start) {
+                        in_window.push((row, w));
+                        left_out.push(row);
+                    }
+                }
+            }
+        }
+        let mut baseline = tokens.clone();
+        if !left_out.is_empty() {
+            baseline -= RoaringBitmap::from_sorted_iter(left_out).expect("rows ascend");
+        }
+        let mut anomalous = Vec::new();
+        if !in_window.is_empty() {
+            let set = RoaringBitmap::from_sorted_iter(in_window.iter().map(|r| r.0))
+                .expect("rows ascend");
+            let rows = Rows::Set(set);
+            let own = view
+                .dedicated_doubles(weft_storage::heat::TOKEN_LATENCY, &rows)
+                .map_err(err)?;
+            let durations = view.durations(&rows).map_err(err)?;
+            for (i, ((row, w), d)) in in_window.into_iter().zip(durations.iter()).enumerate() {
+                let v = match own.as_ref().and_then(|o| o[i]) {
+                    Some(v) => v,
+                    None => *d as f64 / 1e6,
+                };
+                if v > self.ask.threshold {
+                    anomalous.push((row, w, v - self.ask.mid));
+                }
+            }
+        }
+        if inside.is_some() && !cut {
+            baseline = RoaringBitmap::new();
+        }
+        Ok(BlockRows {
+            baseline,
+            anomalous,
+        })
+    }
+
+    /// The postings dimension names of the request dimensions asked.
+    fn request_postings(&self) -> Vec<&'static str> {
+        self.dims
+            .iter()
+            .filter(|d| matches!(d, Dim::Request(_)))
+            .map(|d| d.postings())
+            .collect()
+    }
+
+    /// The late rows of a block for the dimensions asked (none without request dimensions).
+    fn late(&self, addr: BlockAddr, meta: &BlockMeta) -> Res<RoaringBitmap> {
+        let dims = self.request_postings();
+        if dims.is_empty() {
+            return Ok(RoaringBitmap::new());
+        }
+        late_rows(
+            self.store,
+            self.tenant,
+            self.snapshot,
+            self.head,
+            addr,
+            meta,
+            &dims,
+        )
+    }
+
+    /// Each of some rows' values of the dimensions asked (rows ascending), as term ids: row
+    /// `i`'s at `i · dims ..`.
+    fn tuples(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        rows: &RoaringBitmap,
+        terms: &mut Terms,
+    ) -> Res<Vec<u32>> {
+        let listed: Vec<u32> = rows.iter().collect();
+        let d = self.dims.len();
+        let mut out = vec![NONE; listed.len() * d];
+        for (i, dim) in self.dims.iter().enumerate() {
+            let postings = self
+                .store
+                .dimension_shared(self.tenant, addr, dim.postings())
+                .map_err(err)?;
+            for (term, set) in postings.iter() {
+                let mut id = None;
+                let mut at = 0;
+                for row in (set & rows).iter() {
+                    // both ascend: search only past the last one found
+                    at += listed[at..].binary_search(&row).expect("a row of the set");
+                    out[at * d + i] = *id.get_or_insert_with(|| terms.id(term));
+                }
+            }
+        }
+        let late = self.late(addr, meta)? & rows;
+        if !late.is_empty() {
+            let slots: Vec<(usize, usize)> = self
+                .dims
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| match d {
+                    Dim::Request(s) => Some((i, *s)),
+                    Dim::Service => None,
+                })
+                .collect();
+            let only: Vec<usize> = slots.iter().map(|(_, s)| *s).collect();
+            let found = late_terms(
+                self.store,
+                self.tenant,
+                self.snapshot,
+                self.head,
+                (addr, meta),
+                &late,
+                &only,
+            )?;
+            for (row, found) in late.iter().zip(found) {
+                let Ok(at) = listed.binary_search(&row) else {
+                    continue;
+                };
+                for ((i, _), term) in slots.iter().zip(found) {
+                    out[at * d + *i] = term.map_or(NONE, |t| terms.id(&t));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds a block's baseline rows to the candidates' baseline: settled rows by the sizes of
+    /// bitmap intersections, late rows one by one.
+    fn block_baseline(
+        &self,
+        t: &mut Tallies,
+        candidates: &[std::collections::BTreeSet<Vec<String>>],
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        mut baseline: RoaringBitmap,
+        terms: &mut Terms,
+    ) -> Res<()> {
+        if baseline.is_empty() {
+            return Ok(());
+        }
+        t.total_baseline += baseline.len() as f64;
+        if candidates.iter().all(|c| c.is_empty()) {
+            return Ok(());
+        }
+        let late = self.late(addr, meta)? & &baseline;
+        if !late.is_empty() {
+            let tuples = self.tuples(addr, meta, &late, terms)?;
+            for tuple in tuples.chunks(self.dims.len().max(1)) {
+                self.count_baseline(t, candidates, &terms.tuple(tuple), 1.0);
+            }
+            baseline -= late;
+        }
+        // each candidate value's baseline rows, kept for the pairs that start with it
+        let mut postings = Vec::with_capacity(self.dims.len());
+        for dim in self.dims {
+            postings.push(
+                self.store
+                    .dimension_shared(self.tenant, addr, dim.postings())
+                    .map_err(err)?,
+            );
+        }
+        let find = |d: usize, term: &str| -> Option<&RoaringBitmap> {
+            postings[d]
+                .iter()
+                .find(|(t, _)| t == term)
+                .map(|(_, set)| set)
+        };
+        let mut singles: BTreeMap<(usize, &str), RoaringBitmap> = BTreeMap::new();
+        for (s, set) in t.sets.iter().enumerate() {
+            if set.len() != 1 {
+                continue;
+            }
+            for key in &candidates[s] {
+                let rows = find(set[0], &key[0]).map_or_else(RoaringBitmap::new, |p| p & &baseline);
+                *t.baseline[s].entry(key.clone()).or_default() += rows.len() as f64;
+                singles.insert((set[0], key[0].as_str()), rows);
+            }
+        }
+        for (s, set) in t.sets.iter().enumerate() {
+            if set.len() != 2 {
+                continue;
+            }
+            for key in &candidates[s] {
+                let n = match (
+                    singles.get(&(set[0], key[0].as_str())),
+                    find(set[1], &key[1]),
+                ) {
+                    (Some(first), Some(second)) => first.intersection_len(second),
+                    _ => 0,
+                };
+                *t.baseline[s].entry(key.clone()).or_default() += n as f64;
+            }
+        }
+        Ok(())
+    }
+}
