@@ -13,6 +13,7 @@ pub mod anomalies;
 pub mod decode;
 pub mod drift;
 pub mod exec;
+pub mod frame;
 pub mod functions;
 pub mod heatmap;
 pub mod leaks;

@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use weft_storage::Store;
 
 use super::exec::{Run, steps};
+use super::frame::Frame;
 use super::params::{Groups, Params, Result, dim_expr, groups, ident, inherited, invalid, ts};
 use super::percentiles::json_number;
 use super::signals::{REQUEST_SPANS, SpanSignal, span_signal};
@@ -264,6 +265,16 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
     };
     let step_ns = steps(start, end, step, "step")?;
     let dims = p.list_or("dims", DEFAULT_DIMS);
+    // the request signals' spans are read once, for all of them
+    let mut frames = Frames {
+        signals: signals
+            .iter()
+            .filter_map(|s| spec_of(s).ok())
+            .filter(|(spec, _)| spec.per_request)
+            .map(|(spec, _)| spec)
+            .collect(),
+        state: None,
+    };
     let mut incidents = Vec::new();
     for signal in &signals {
         if run.left().is_zero() {
@@ -277,7 +288,10 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
             s if s.starts_with("metric:") => {
                 metric_incidents(run, &p, &store, signal, step_ns, sensitivity)?
             }
-            _ => span_incidents(run, &p, signal, step_ns, sensitivity, &dims).await?,
+            _ => {
+                let frames = &mut frames;
+                span_incidents(run, &p, signal, step_ns, sensitivity, &dims, frames).await?
+            }
         };
         incidents.extend(found);
     }
@@ -287,16 +301,41 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
     })
 }
 
-/// The incidents of a span signal (latency, `error_rate`, `throughput`).
-async fn span_incidents(
-    run: &mut Run<'_>,
-    p: &Params,
-    signal: &str,
-    step_ns: u64,
-    sensitivity: f64,
-    dims: &[String],
-) -> Result<Vec<Incident>> {
-    let (spec, kind) = match signal {
+/// The request spans of a scan's request signals, read when the first one is scanned, with
+/// the dimensions they are attributed to (the asked ones, and by default the request spans'
+/// low-cardinality attributes).
+struct Frames {
+    signals: Vec<SpanSignal>,
+    /// `Some(None)`: the time budget ran out reading them.
+    state: Option<Option<(Frame, Vec<String>)>>,
+}
+
+impl Frames {
+    async fn get(
+        &mut self,
+        run: &mut Run<'_>,
+        p: &Params,
+        dims: &[String],
+    ) -> Result<Option<&(Frame, Vec<String>)>> {
+        if self.state.is_none() {
+            let mut all = dims.to_vec();
+            if p.get("dims").is_none() {
+                for a in request_attributes(run, p).await? {
+                    if !all.contains(&a) {
+                        all.push(a);
+                    }
+                }
+            }
+            let frame = Frame::load(run, p, &self.signals, &all).await?;
+            self.state = Some(frame.map(|f| (f, all)));
+        }
+        Ok(self.state.as_ref().and_then(Option::as_ref))
+    }
+}
+
+/// A span signal's specification and the kind of its series.
+fn spec_of(signal: &str) -> Result<(SpanSignal, Kind)> {
+    Ok(match signal {
         "error_rate" | "throughput" => (
             SpanSignal {
                 name: signal.to_owned(),
@@ -312,7 +351,20 @@ async fn span_incidents(
             },
         ),
         s => (span_signal(s)?, Kind::Latency),
-    };
+    })
+}
+
+/// The incidents of a span signal (latency, `error_rate`, `throughput`).
+async fn span_incidents(
+    run: &mut Run<'_>,
+    p: &Params,
+    signal: &str,
+    step_ns: u64,
+    sensitivity: f64,
+    dims: &[String],
+    frames: &mut Frames,
+) -> Result<Vec<Incident>> {
+    let (spec, kind) = spec_of(signal)?;
     let decode = matches!(signal, "itl" | "decode_latency");
     let mut points: BTreeMap<u64, Point> = BTreeMap::new();
     let mut sketches: BTreeMap<u64, Sketch> = BTreeMap::new();
@@ -322,7 +374,24 @@ async fn span_incidents(
     } else {
         None
     };
-    if let Some(steps) = from_rollups {
+    if spec.per_request {
+        let Some((frame, _)) = frames.get(run, p, dims).await? else {
+            return Ok(Vec::new());
+        };
+        let latency = matches!(kind, Kind::Latency);
+        for (t, s) in frame.series(&spec.name, step_ns, latency) {
+            if latency {
+                overall.merge(&s.sketch);
+                sketches.insert(t, s.sketch);
+            } else {
+                let v = match kind {
+                    Kind::Rate => s.sum / s.n.max(1.0),
+                    _ => s.n / (step_ns as f64 / 1e9),
+                };
+                points.insert(t, Point { t, v, n: s.n });
+            }
+        }
+    } else if let Some(steps) = from_rollups {
         sketches = steps;
         for s in sketches.values() {
             overall.merge(s);
@@ -392,9 +461,16 @@ async fn span_incidents(
     } else {
         None
     };
-    let causes = match from_postings {
-        Some(t) => rank(&t, dims),
-        None => attribute(run, p, &spec, &kind, &windows, baseline, mid, dims).await?,
+    let causes = match (
+        from_postings,
+        frames.state.as_ref().and_then(Option::as_ref),
+    ) {
+        (Some(t), _) => rank(&t, dims),
+        (None, Some((frame, all))) if spec.per_request => {
+            let w: Vec<(u64, u64)> = windows.iter().map(|w| (w.start, w.end)).collect();
+            frame_causes(frame, all, &spec, &kind, &w, baseline, mid)
+        }
+        _ => attribute(run, p, &spec, &kind, &windows, baseline, mid, dims).await?,
     };
     Ok(windows
         .iter()
@@ -411,6 +487,25 @@ async fn span_incidents(
             co_signals: Vec::new(),
         })
         .collect())
+}
+
+/// The causes of a request signal's windows from its frame: anomalous requests are those
+/// over `threshold` (latency), in error (rate) or any (count), as [`attribute`] counts them.
+fn frame_causes(
+    frame: &Frame,
+    dims: &[String],
+    spec: &SpanSignal,
+    kind: &Kind,
+    windows: &[(u64, u64)],
+    threshold: f64,
+    mid: f64,
+) -> Vec<Vec<Cause>> {
+    let t = match kind {
+        Kind::Latency => frame.tallies(&spec.name, windows, |v| v > threshold, |v| v - mid),
+        Kind::Rate => frame.tallies(&spec.name, windows, |v| v > 0.5, |_| 1.0),
+        _ => frame.tallies(&spec.name, windows, |_| true, |_| 1.0),
+    };
+    rank(&t, dims)
 }
 
 /// The series of a span signal in SQL: per step, a latency signal's sketch (into `sketches`
@@ -600,17 +695,19 @@ async fn attribute(
     let values: Vec<Vec<Option<String>>> = (0..k).map(|i| rows.strings(1 + i)).collect();
     let (n, a, ex) = (rows.f64(1 + k), rows.f64(2 + k), rows.f64(3 + k));
     let mut t = Tallies::new(k, windows.len());
+    let tuple =
+        |row: usize| -> Vec<Option<String>> { values.iter().map(|v| v[row].clone()).collect() };
+    // the windows' groups first, then the baseline of the candidates they make
     for row in 0..rows.len() {
-        let tuple: Vec<Option<String>> = values.iter().map(|v| v[row].clone()).collect();
-        match w[row] {
-            Some(0) => t.baseline_of(&tuple, n[row].unwrap_or(0.0)),
-            Some(win) if win > 0 => t.anomalous_of(
-                win as usize - 1,
-                &tuple,
-                a[row].unwrap_or(0.0),
-                ex[row].unwrap_or(0.0),
-            ),
-            _ => {}
+        if let Some(win) = w[row].filter(|w| *w > 0) {
+            let (a, ex) = (a[row].unwrap_or(0.0), ex[row].unwrap_or(0.0));
+            t.anomalous_of(win as usize - 1, &tuple(row), a, ex);
+        }
+    }
+    let candidates = t.candidates();
+    for row in 0..rows.len() {
+        if w[row] == Some(0) {
+            t.baseline_of(&candidates, &tuple(row), n[row].unwrap_or(0.0));
         }
     }
     Ok(rank(&t, &dims))
@@ -628,6 +725,9 @@ pub struct Tallies {
     pub baseline: Vec<BTreeMap<Vec<String>, f64>>,
     pub total_baseline: f64,
 }
+
+/// The keys of one set that ranking may look at.
+pub type Candidates = BTreeSet<Vec<String>>;
 
 #[derive(Clone, Debug, Default)]
 pub struct WindowTally {
@@ -678,11 +778,27 @@ impl Tallies {
         }
     }
 
-    /// Counts `units` baseline units of values `tuple`.
-    pub fn baseline_of(&mut self, tuple: &[Option<String>], units: f64) {
+    /// Counts `units` baseline units of values `tuple`, by the keys among `candidates` (see
+    /// [`Self::candidates`]: all that ranking looks up) alone.
+    pub fn baseline_of(&mut self, candidates: &[Candidates], tuple: &[Option<String>], units: f64) {
         self.total_baseline += units;
+        // a set's key can be a candidate only when each of its values is one (sets of one
+        // dimension come first, in dimension order)
+        let single: Vec<bool> = tuple
+            .iter()
+            .enumerate()
+            .map(|(d, v)| {
+                v.as_ref()
+                    .is_some_and(|v| candidates[d].contains(std::slice::from_ref(v)))
+            })
+            .collect();
         for (s, set) in self.sets.iter().enumerate() {
-            if let Some(key) = Self::key(set, tuple) {
+            if !set.iter().all(|d| single[*d]) {
+                continue;
+            }
+            if let Some(key) = Self::key(set, tuple)
+                && candidates[s].contains(&key)
+            {
                 *self.baseline[s].entry(key).or_default() += units;
             }
         }
@@ -690,7 +806,7 @@ impl Tallies {
 
     /// The keys that [`rank`] may look at, by set: those holding at least [`MIN_SUPPORT`] of
     /// some window's anomalous units (a pair's keys only when both its values are such).
-    pub fn candidates(&self) -> Vec<BTreeSet<Vec<String>>> {
+    pub fn candidates(&self) -> Vec<Candidates> {
         let mut out = vec![BTreeSet::new(); self.sets.len()];
         for win in &self.windows {
             if win.anomalous <= 0.0 {
@@ -988,4 +1104,88 @@ pub(crate) async fn decode_series(
     )
     .await?;
     Ok((sketches, super::decode::series(run, p, step).await?))
+}
+
+/// A request signal's attribution both ways, SQL first, then from the frame: what tests
+/// compare.
+#[cfg(test)]
+pub(crate) async fn request_attributions(
+    run: &mut Run<'_>,
+    p: &Params,
+    signal: &str,
+    windows: &[(u64, u64)],
+    threshold: f64,
+    mid: f64,
+    dims: &[String],
+) -> Result<(Vec<Vec<Cause>>, Vec<Vec<Cause>>)> {
+    let (spec, kind) = spec_of(signal)?;
+    let ws: Vec<Window> = windows
+        .iter()
+        .map(|&(start, end)| Window {
+            start,
+            end,
+            score: 0.0,
+            peak: 0.0,
+        })
+        .collect();
+    let sql = attribute(run, p, &spec, &kind, &ws, threshold, mid, dims).await?;
+    let mut frames = Frames {
+        signals: vec![spec.clone()],
+        state: None,
+    };
+    let (frame, all) = frames.get(run, p, dims).await?.expect("within the budget");
+    Ok((
+        sql,
+        frame_causes(frame, all, &spec, &kind, windows, threshold, mid),
+    ))
+}
+
+/// A request signal's series both ways, SQL first, then from the frame: per step the sketch
+/// (latency) or the rows and summed values.
+#[cfg(test)]
+pub(crate) async fn request_series(
+    run: &mut Run<'_>,
+    p: &Params,
+    signal: &str,
+    step: u64,
+) -> Result<(Vec<(u64, Sketch, f64)>, Vec<(u64, Sketch, f64)>)> {
+    let (spec, kind) = spec_of(signal)?;
+    let (mut sketches, mut overall, mut points) = Default::default();
+    series_of_sql(
+        run,
+        p,
+        &spec,
+        &kind,
+        step,
+        &mut sketches,
+        &mut overall,
+        &mut points,
+    )
+    .await?;
+    let mut sql: Vec<(u64, Sketch, f64)> = sketches
+        .into_iter()
+        .map(|(t, s)| (t, s, 0.0))
+        .chain(points.into_values().map(|p| (p.t, Sketch::default(), p.v)))
+        .collect();
+    sql.sort_by_key(|x| x.0);
+    let mut frames = Frames {
+        signals: vec![spec.clone()],
+        state: None,
+    };
+    let (frame, _) = frames.get(run, p, &[]).await?.expect("within the budget");
+    let latency = matches!(kind, Kind::Latency);
+    let mut got: Vec<(u64, Sketch, f64)> = frame
+        .series(&spec.name, step, latency)
+        .into_iter()
+        .map(|(t, s)| {
+            let v = match kind {
+                Kind::Latency => 0.0,
+                Kind::Rate => s.sum / s.n.max(1.0),
+                _ => s.n / (step as f64 / 1e9),
+            };
+            (t, s.sketch, v)
+        })
+        .collect();
+    got.sort_by_key(|x| x.0);
+    Ok((sql, got))
 }

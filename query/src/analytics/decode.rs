@@ -31,7 +31,7 @@ use weft_storage::schema::{DIM_NAME, DIM_SERVICE};
 use weft_storage::sketch::Sketch;
 use weft_storage::store::Snapshot;
 
-use super::anomalies::Tallies;
+use super::anomalies::{Candidates, Tallies};
 use super::exec::Run;
 use super::params::{Params, Result};
 use super::requests::slot;
@@ -58,7 +58,7 @@ pub async fn series(
     let tenant = run.tenant.clone();
     let (start, end) = (p.start, p.end);
     let work = move || {
-        let mut steps: BTreeMap<u64, Sketch> = BTreeMap::new();
+        let mut cells: rustc_hash::FxHashMap<(u64, i16), u64> = Default::default();
         let keep = |_: &str, n: &str| n == TOKEN_SPAN;
         let answered = store.heat_cells(
             &tenant,
@@ -67,10 +67,15 @@ pub async fn series(
             Track::ItlBin,
             &keep,
             &mut |second, bucket, n, _| {
-                let t = second * SECOND / step * step;
-                steps.entry(t).or_default().add(bucket_bin(bucket), n);
+                *cells
+                    .entry((second * SECOND / step * step, bucket))
+                    .or_default() += n;
             },
         )?;
+        let mut steps: BTreeMap<u64, Sketch> = BTreeMap::new();
+        for ((t, bucket), n) in cells {
+            steps.entry(t).or_default().add(bucket_bin(bucket), n);
+        }
         Ok::<_, weft_storage::StorageError>(answered.then_some(steps))
     };
     Ok(run
@@ -280,30 +285,12 @@ impl Scan<'_> {
         // the baseline of the candidates alone
         let candidates = t.candidates();
         for tuple in &head_baseline {
-            self.count_baseline(&mut t, &candidates, tuple, 1.0);
+            t.baseline_of(&candidates, tuple, 1.0);
         }
-        t.total_baseline += head_baseline.len() as f64;
         for ((addr, meta), rows) in blocks.into_iter().zip(read) {
             self.block_baseline(&mut t, &candidates, addr, meta, rows.baseline, &mut terms)?;
         }
         Ok(t)
-    }
-
-    /// Adds a tuple's baseline units to the candidate keys it has.
-    fn count_baseline(
-        &self,
-        t: &mut Tallies,
-        candidates: &[std::collections::BTreeSet<Vec<String>>],
-        tuple: &[Option<String>],
-        units: f64,
-    ) {
-        for (s, set) in t.sets.iter().enumerate() {
-            if let Some(key) = Tallies::key(set, tuple)
-                && candidates[s].contains(&key)
-            {
-                *t.baseline[s].entry(key).or_default() += units;
-            }
-        }
     }
 
     /// The block's token rows in range, read row by row only where the range or a window
@@ -425,9 +412,13 @@ impl Scan<'_> {
         rows: &RoaringBitmap,
         terms: &mut Terms,
     ) -> Res<Vec<u32>> {
-        let listed: Vec<u32> = rows.iter().collect();
+        // each row's place among `rows`, by row
+        let mut place = vec![u32::MAX; meta.rows as usize];
+        for (i, row) in rows.iter().enumerate() {
+            place[row as usize] = i as u32;
+        }
         let d = self.dims.len();
-        let mut out = vec![NONE; listed.len() * d];
+        let mut out = vec![NONE; rows.len() as usize * d];
         for (i, dim) in self.dims.iter().enumerate() {
             let postings = self
                 .store
@@ -435,10 +426,8 @@ impl Scan<'_> {
                 .map_err(err)?;
             for (term, set) in postings.iter() {
                 let mut id = None;
-                let mut at = 0;
                 for row in (set & rows).iter() {
-                    // both ascend: search only past the last one found
-                    at += listed[at..].binary_search(&row).expect("a row of the set");
+                    let at = place[row as usize] as usize;
                     out[at * d + i] = *id.get_or_insert_with(|| terms.id(term));
                 }
             }
@@ -465,9 +454,7 @@ impl Scan<'_> {
                 &only,
             )?;
             for (row, found) in late.iter().zip(found) {
-                let Ok(at) = listed.binary_search(&row) else {
-                    continue;
-                };
+                let at = place[row as usize] as usize;
                 for ((i, _), term) in slots.iter().zip(found) {
                     out[at * d + *i] = term.map_or(NONE, |t| terms.id(&t));
                 }
@@ -481,7 +468,7 @@ impl Scan<'_> {
     fn block_baseline(
         &self,
         t: &mut Tallies,
-        candidates: &[std::collections::BTreeSet<Vec<String>>],
+        candidates: &[Candidates],
         addr: BlockAddr,
         meta: &BlockMeta,
         mut baseline: RoaringBitmap,
@@ -490,18 +477,19 @@ impl Scan<'_> {
         if baseline.is_empty() {
             return Ok(());
         }
-        t.total_baseline += baseline.len() as f64;
         if candidates.iter().all(|c| c.is_empty()) {
+            t.total_baseline += baseline.len() as f64;
             return Ok(());
         }
         let late = self.late(addr, meta)? & &baseline;
         if !late.is_empty() {
             let tuples = self.tuples(addr, meta, &late, terms)?;
             for tuple in tuples.chunks(self.dims.len().max(1)) {
-                self.count_baseline(t, candidates, &terms.tuple(tuple), 1.0);
+                t.baseline_of(candidates, &terms.tuple(tuple), 1.0);
             }
             baseline -= late;
         }
+        t.total_baseline += baseline.len() as f64;
         // each candidate value's baseline rows, kept for the pairs that start with it
         let mut postings = Vec::with_capacity(self.dims.len());
         for dim in self.dims {

@@ -9,7 +9,7 @@ use crate::block::writer::col;
 use crate::heat::{BlockHeat, HeatRollup, Track};
 
 /// Decoded block heat rollups kept in memory, in bytes.
-pub const HEAT_CACHE_BYTES: usize = 32 << 20;
+pub const HEAT_CACHE_BYTES: usize = 64 << 20;
 
 const SECOND: u64 = 1_000_000_000;
 

@@ -439,3 +439,115 @@ fn decode_anomaly_series_and_attribution_from_rollups_and_postings_match_sql() {
     store.flush(true).unwrap();
     check(&f);
 }
+
+/// [`token_traces`] whose generate spans are request spans (SERVER, with a model), each with
+/// a time to first token (slow for worker `w-3` between seconds 20 and 30), an end-to-end
+/// latency now and then, an error now and then, and a tenant attribute.
+fn request_traces(seed: u64) -> Vec<(u8, SpanRecord)> {
+    let groups = token_traces(seed);
+    let mut rng = StdRng::seed_from_u64(seed + 2);
+    groups
+        .into_iter()
+        .map(|(g, mut s)| {
+            if s.name == "llm.generate" {
+                let second = (s.start.0 - BASE) / 1_000_000_000;
+                let worker = s.attribute("worker.id").cloned();
+                let slow = (20..30).contains(&second) && worker == Some(Value::Str("w-3".into()));
+                s.kind = SpanKind::Server;
+                let ttft = if slow {
+                    0.5
+                } else {
+                    rng.random_range(0.01..0.05)
+                };
+                s.attributes.extend([
+                    KeyValue::new("gen_ai.request.model", Value::Str("m".into())),
+                    KeyValue::new("gen_ai.latency.time_to_first_token", Value::Double(ttft)),
+                    KeyValue::new(
+                        "tenant.id",
+                        Value::Str(format!("t{}", rng.random_range(0..3))),
+                    ),
+                ]);
+                if rng.random_bool(0.5) {
+                    s.attributes.push(KeyValue::new(
+                        "gen_ai.latency.e2e",
+                        Value::Double(ttft + rng.random_range(0.1..0.3)),
+                    ));
+                }
+                if slow || rng.random_bool(0.1) {
+                    s.status_code = StatusCode::Error;
+                }
+            }
+            (g, s)
+        })
+        .collect()
+}
+
+#[test]
+fn request_anomaly_series_and_attribution_from_one_read_match_sql() {
+    use crate::analytics::anomalies::{request_attributions, request_series};
+    use crate::analytics::exec::Run;
+    use crate::analytics::params::Params;
+    let tenant = TenantId::default_tenant();
+    let groups = request_traces(7);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path(), &groups, &tenant);
+    let f = fixture_of(dir, store, all);
+    let s = 1_000_000_000;
+    let dims: Vec<String> = ["llm.model_version", "worker.id", "service.name"]
+        .map(String::from)
+        .to_vec();
+    block_on(async {
+        let mut run = Run::plain(&f.engine, &f.tenant);
+        let windows = [
+            (BASE + 20 * s, BASE + 30 * s),
+            (BASE + 45 * s, BASE + 50 * s),
+        ];
+        for range in [(None, None), (Some(BASE + 15 * s + 7), Some(BASE + 55 * s))] {
+            let mut p = Params::default();
+            (p.start, p.end) = range;
+            for (signal, threshold, mid) in [
+                ("ttft", 100.0, 30.0),
+                ("e2e_latency", 300.0, 200.0),
+                ("error_rate", 0.5, 0.0),
+                ("throughput", 0.0, 0.0),
+            ] {
+                let (sql, frame) = request_series(&mut run, &p, signal, 10 * s).await.unwrap();
+                assert!(!sql.is_empty(), "{signal}");
+                assert_eq!(frame.len(), sql.len(), "{signal}");
+                for (a, b) in frame.iter().zip(&sql) {
+                    assert_eq!((a.0, &a.1), (b.0, &b.1), "{signal}");
+                    assert!((a.2 - b.2).abs() <= 1e-9, "{signal}: {a:?} vs {b:?}");
+                }
+                let (sql, frame) =
+                    request_attributions(&mut run, &p, signal, &windows, threshold, mid, &dims)
+                        .await
+                        .unwrap();
+                if signal != "throughput" {
+                    // the slow worker, and the tenant attribute read by default
+                    assert!(
+                        sql[0]
+                            .iter()
+                            .any(|c| c.value.split(',').any(|v| v == "w-3")),
+                        "{signal}: {sql:?}"
+                    );
+                }
+                assert!(
+                    sql.iter()
+                        .flatten()
+                        .any(|c| c.dimension.contains("tenant.id")),
+                    "{signal}: {sql:?}"
+                );
+                assert_eq!(frame.len(), sql.len());
+                for (a, b) in frame.iter().zip(&sql) {
+                    assert_eq!(a.len(), b.len(), "{signal}: {a:?} vs {b:?}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert_eq!((&x.dimension, &x.value), (&y.dimension, &y.value));
+                        assert!((x.lift - y.lift).abs() <= 1e-9 * y.lift, "{x:?} vs {y:?}");
+                        assert!((x.share_of_excess - y.share_of_excess).abs() <= 1e-9);
+                    }
+                }
+            }
+        }
+    });
+}
