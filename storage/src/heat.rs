@@ -261,6 +261,7 @@ impl HeatRollup {
         let base = r.u64()?;
         let n = r.u64()?;
         let mut cells = Vec::with_capacity(n.min(1 << 20) as usize);
+        let mut bins = Vec::new();
         for _ in 0..n {
             let op = r.u64()?;
             if op >= n_ops {
@@ -273,10 +274,17 @@ impl HeatRollup {
             let bucket =
                 i16::try_from(r.i64()?).map_err(|_| corrupt("bucket out of range".into()))?;
             let count = r.u64()?;
-            let exemplar = match track {
-                Track::ItlBin => TraceId([0; 16]),
-                _ => TraceId(r.raw(16)?.try_into().expect("16 bytes")),
-            };
+            if track == Track::ItlBin {
+                bins.push(BinCell {
+                    second,
+                    op: op as u32,
+                    count: u32::try_from(count)
+                        .map_err(|_| corrupt("count out of range".into()))?,
+                    bin: bucket,
+                });
+                continue;
+            }
+            let exemplar = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
             cells.push(Cell {
                 op: op as u32,
                 track,
@@ -289,16 +297,30 @@ impl HeatRollup {
         Ok(BlockHeat {
             ops,
             cells,
+            bins,
             has_bins: version >= 2,
         })
     }
+}
+
+/// A [`Track::ItlBin`] cell, kept apart (no exemplar, and a heatmap never reads them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BinCell {
+    pub second: u64,
+    pub op: u32,
+    pub count: u32,
+    /// As [`bin_bucket`] writes it.
+    pub bin: i16,
 }
 
 /// A block's decoded rollup: its operations and cells.
 #[derive(Debug, Default)]
 pub struct BlockHeat {
     pub ops: Vec<Op>,
+    /// The duration and inter-token latency cells.
     pub cells: Vec<Cell>,
+    /// The sketch-bin cells.
+    pub bins: Vec<BinCell>,
     /// Whether it counts [`Track::ItlBin`] (version 2 on).
     pub has_bins: bool,
 }
@@ -306,7 +328,9 @@ pub struct BlockHeat {
 impl BlockHeat {
     pub fn weight(&self) -> usize {
         let ops: usize = self.ops.iter().map(|(s, n)| 64 + s.len() + n.len()).sum();
-        64 + ops + self.cells.len() * std::mem::size_of::<Cell>()
+        64 + ops
+            + self.cells.len() * std::mem::size_of::<Cell>()
+            + self.bins.len() * std::mem::size_of::<BinCell>()
     }
 }
 
@@ -368,7 +392,17 @@ mod tests {
         let back = HeatRollup::decode(&r.encode()).unwrap();
         assert!(back.has_bins);
         assert_eq!(back.ops, r.ops);
-        assert_eq!(back.cells, cells);
+        let (bins, rest): (Vec<Cell>, Vec<Cell>) =
+            cells.iter().partition(|c| c.track == Track::ItlBin);
+        assert_eq!(back.cells, rest);
+        let read: Vec<(u64, i16, u64)> = back
+            .bins
+            .iter()
+            .map(|b| (b.second, b.bin, u64::from(b.count)))
+            .collect();
+        let written: Vec<(u64, i16, u64)> =
+            bins.iter().map(|c| (c.second, c.bucket, c.count)).collect();
+        assert_eq!(read, written);
         // the bins: 0.7 and 3.5 ms, no exemplar
         let bins: Vec<(i64, u64, TraceId)> = cells
             .iter()

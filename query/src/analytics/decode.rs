@@ -8,8 +8,9 @@
 //!   bins the SQL series counts, so the same p95 per step. Steps and range ends must be whole
 //!   seconds where they cut a block's rows.
 //! - **Attribution**: rows of the windows are read (start, latency) to find the anomalous ones
-//!   and their excess; each is given its dimension values from the postings (`request:D`, the
-//!   service's), late rows (see [`late_rows`]) resolved over their whole trace. The baseline
+//!   and their excess; they are split by the postings of each dimension in turn (`request:D`,
+//!   the service's) into bitmaps of rows sharing all values, each counted once; late rows (see
+//!   [`late_rows`]) take values resolved over their whole trace, one by one. The baseline
 //!   (token spans outside the windows) is never read row by row: for each candidate value and
 //!   pair of values (those holding at least 10% of some window's anomalous units, all that
 //!   ranking looks at) it is the size of an intersection of bitmaps per block. Head rows are
@@ -230,23 +231,10 @@ impl Scan<'_> {
         let mut groups: Vec<rustc_hash::FxHashMap<Vec<u32>, (f64, f64)>> =
             vec![Default::default(); self.ask.windows.len()];
         let mut read: Vec<BlockRows> = Vec::with_capacity(blocks.len());
-        let d = self.dims.len().max(1);
         for &(addr, meta) in &blocks {
             let rows = self.block_rows(addr, meta)?;
             if !rows.anomalous.is_empty() {
-                let set: RoaringBitmap = rows.anomalous.iter().map(|r| r.0).collect();
-                let tuples = self.tuples(addr, meta, &set, &mut terms)?;
-                for ((_, w, excess), tuple) in rows.anomalous.iter().zip(tuples.chunks(d)) {
-                    match groups[*w].get_mut(tuple) {
-                        Some(g) => {
-                            g.0 += 1.0;
-                            g.1 += excess;
-                        }
-                        None => {
-                            groups[*w].insert(tuple.to_vec(), (1.0, *excess));
-                        }
-                    }
-                }
+                self.count_anomalous(addr, meta, &rows.anomalous, &mut terms, &mut groups)?;
             }
             read.push(rows);
         }
@@ -377,6 +365,94 @@ impl Scan<'_> {
         })
     }
 
+    /// Adds a block's anomalous rows (row, window, excess; rows ascending) to the units and
+    /// excess by window and tuple: late rows one by one, the others split by each dimension's
+    /// postings in turn, so that the rows sharing a tuple are one bitmap, counted once.
+    fn count_anomalous(
+        &self,
+        addr: BlockAddr,
+        meta: &BlockMeta,
+        anomalous: &[(u32, usize, f64)],
+        terms: &mut Terms,
+        groups: &mut [rustc_hash::FxHashMap<Vec<u32>, (f64, f64)>],
+    ) -> Res<()> {
+        let mut add =
+            |w: usize, tuple: &[u32], units: f64, excess: f64| match groups[w].get_mut(tuple) {
+                Some(g) => {
+                    g.0 += units;
+                    g.1 += excess;
+                }
+                None => {
+                    groups[w].insert(tuple.to_vec(), (units, excess));
+                }
+            };
+        let mut excess = vec![0.0; meta.rows as usize];
+        let mut by_window = vec![Vec::new(); self.ask.windows.len()];
+        for &(row, w, ex) in anomalous {
+            excess[row as usize] = ex;
+            by_window[w].push(row);
+        }
+        let all =
+            RoaringBitmap::from_sorted_iter(anomalous.iter().map(|r| r.0)).expect("rows ascend");
+        let late = self.late(addr, meta)? & &all;
+        if !late.is_empty() {
+            let d = self.dims.len();
+            let tuples = self.late_tuples(addr, meta, &late, terms)?;
+            let window: rustc_hash::FxHashMap<u32, usize> = anomalous
+                .iter()
+                .filter(|r| late.contains(r.0))
+                .map(|r| (r.0, r.1))
+                .collect();
+            for (row, tuple) in late.iter().zip(tuples.chunks(d.max(1))) {
+                add(window[&row], &tuple[..d], 1.0, excess[row as usize]);
+            }
+        }
+        let mut postings = Vec::with_capacity(self.dims.len());
+        for dim in self.dims {
+            let p = self
+                .store
+                .dimension_shared(self.tenant, addr, dim.postings())
+                .map_err(err)?;
+            let ids: Vec<u32> = p.iter().map(|(t, _)| terms.id(t)).collect();
+            postings.push((p, ids));
+        }
+        for (w, rows) in by_window.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let settled = RoaringBitmap::from_sorted_iter(rows).expect("rows ascend") - &late;
+            // depth-first: (rows, depth, the tuple so far)
+            let mut stack = vec![(settled, Vec::with_capacity(self.dims.len()))];
+            while let Some((rows, prefix)) = stack.pop() {
+                let depth = prefix.len();
+                if depth == self.dims.len() {
+                    let sum: f64 = rows.iter().map(|r| excess[r as usize]).sum();
+                    add(w, &prefix, rows.len() as f64, sum);
+                    continue;
+                }
+                let (sets, ids) = &postings[depth];
+                let mut rest = rows.clone();
+                for ((_, set), id) in sets.iter().zip(ids) {
+                    // of the rows left: a row holds one value of a dimension
+                    let part = &rest & set;
+                    if part.is_empty() {
+                        continue;
+                    }
+                    rest -= &part;
+                    let mut next = prefix.clone();
+                    next.push(*id);
+                    stack.push((part, next));
+                }
+                if !rest.is_empty() {
+                    let mut next = prefix;
+                    next.push(NONE);
+                    stack.push((rest, next));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The postings dimension names of the request dimensions asked.
     fn request_postings(&self) -> Vec<&'static str> {
         self.dims
@@ -403,46 +479,37 @@ impl Scan<'_> {
         )
     }
 
-    /// Each of some rows' values of the dimensions asked (rows ascending), as term ids: row
-    /// `i`'s at `i · dims ..`.
-    fn tuples(
+    /// Each of some late rows' values of the dimensions asked (rows ascending), as term ids:
+    /// row `i`'s at `i · dims ..`; the service from the postings, request dimensions resolved
+    /// over the whole trace.
+    fn late_tuples(
         &self,
         addr: BlockAddr,
         meta: &BlockMeta,
         rows: &RoaringBitmap,
         terms: &mut Terms,
     ) -> Res<Vec<u32>> {
-        // each row's place among `rows`, by row
-        let mut place = vec![u32::MAX; meta.rows as usize];
-        for (i, row) in rows.iter().enumerate() {
-            place[row as usize] = i as u32;
-        }
         let d = self.dims.len();
         let mut out = vec![NONE; rows.len() as usize * d];
+        let mut slots: Vec<(usize, usize)> = Vec::new();
         for (i, dim) in self.dims.iter().enumerate() {
-            let postings = self
-                .store
-                .dimension_shared(self.tenant, addr, dim.postings())
-                .map_err(err)?;
-            for (term, set) in postings.iter() {
-                let mut id = None;
-                for row in (set & rows).iter() {
-                    let at = place[row as usize] as usize;
-                    out[at * d + i] = *id.get_or_insert_with(|| terms.id(term));
+            match dim {
+                Dim::Request(s) => slots.push((i, *s)),
+                Dim::Service => {
+                    let postings = self
+                        .store
+                        .dimension_shared(self.tenant, addr, dim.postings())
+                        .map_err(err)?;
+                    for (term, set) in postings.iter() {
+                        let id = terms.id(term);
+                        for row in (set & rows).iter() {
+                            out[(rows.rank(row) - 1) as usize * d + i] = id;
+                        }
+                    }
                 }
             }
         }
-        let late = self.late(addr, meta)? & rows;
-        if !late.is_empty() {
-            let slots: Vec<(usize, usize)> = self
-                .dims
-                .iter()
-                .enumerate()
-                .filter_map(|(i, d)| match d {
-                    Dim::Request(s) => Some((i, *s)),
-                    Dim::Service => None,
-                })
-                .collect();
+        if !slots.is_empty() {
             let only: Vec<usize> = slots.iter().map(|(_, s)| *s).collect();
             let found = late_terms(
                 self.store,
@@ -450,11 +517,10 @@ impl Scan<'_> {
                 self.snapshot,
                 self.head,
                 (addr, meta),
-                &late,
+                rows,
                 &only,
             )?;
-            for (row, found) in late.iter().zip(found) {
-                let at = place[row as usize] as usize;
+            for (at, found) in found.into_iter().enumerate() {
                 for ((i, _), term) in slots.iter().zip(found) {
                     out[at * d + *i] = term.map_or(NONE, |t| terms.id(&t));
                 }
@@ -483,7 +549,7 @@ impl Scan<'_> {
         }
         let late = self.late(addr, meta)? & &baseline;
         if !late.is_empty() {
-            let tuples = self.tuples(addr, meta, &late, terms)?;
+            let tuples = self.late_tuples(addr, meta, &late, terms)?;
             for tuple in tuples.chunks(self.dims.len().max(1)) {
                 t.baseline_of(candidates, &terms.tuple(tuple), 1.0);
             }

@@ -60,6 +60,15 @@ impl Store {
             } else {
                 u64::MAX
             };
+            if track == Track::ItlBin {
+                let none = TraceId([0; 16]);
+                for b in &heat.bins {
+                    if wanted[b.op as usize] && (first..last).contains(&b.second) {
+                        cell(b.second, b.bin, b.count.into(), &none);
+                    }
+                }
+                continue;
+            }
             for c in &heat.cells {
                 if c.track == track && wanted[c.op as usize] && (first..last).contains(&c.second) {
                     cell(c.second, c.bucket, c.count, &c.exemplar);
