@@ -1129,10 +1129,7 @@ pub(crate) async fn request_attributions(
         })
         .collect();
     let sql = attribute(run, p, &spec, &kind, &ws, threshold, mid, dims).await?;
-    let mut frames = Frames {
-        signals: vec![spec.clone()],
-        state: None,
-    };
+    let mut frames = test_frames();
     let (frame, all) = frames.get(run, p, dims).await?.expect("within the budget");
     Ok((
         sql,
@@ -1168,10 +1165,7 @@ pub(crate) async fn request_series(
         .chain(points.into_values().map(|p| (p.t, Sketch::default(), p.v)))
         .collect();
     sql.sort_by_key(|x| x.0);
-    let mut frames = Frames {
-        signals: vec![spec.clone()],
-        state: None,
-    };
+    let mut frames = test_frames();
     let (frame, _) = frames.get(run, p, &[]).await?.expect("within the budget");
     let latency = matches!(kind, Kind::Latency);
     let mut got: Vec<(u64, Sketch, f64)> = frame
@@ -1188,4 +1182,16 @@ pub(crate) async fn request_series(
         .collect();
     got.sort_by_key(|x| x.0);
     Ok((sql, got))
+}
+
+/// Frames of every request signal, as a scan of the default signals reads them.
+#[cfg(test)]
+fn test_frames() -> Frames {
+    Frames {
+        signals: ["ttft", "e2e_latency", "error_rate", "throughput", "tpot"]
+            .into_iter()
+            .map(|s| spec_of(s).expect("a signal").0)
+            .collect(),
+        state: None,
+    }
 }

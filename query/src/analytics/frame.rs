@@ -45,15 +45,17 @@ impl Frame {
         signals: &[SpanSignal],
         dims: &[String],
     ) -> Result<Option<Self>> {
-        let mut cols = vec!["CAST(start_time AS BIGINT)".to_owned()];
+        // named apart: two signals may share an expression (error rate and throughput)
+        let mut cols = vec!["CAST(start_time AS BIGINT) AS t".to_owned()];
         cols.extend(
             signals
                 .iter()
-                .map(|s| format!("CAST({} AS DOUBLE)", s.value)),
+                .enumerate()
+                .map(|(i, s)| format!("CAST({} AS DOUBLE) AS v{i}", s.value)),
         );
-        cols.extend(dims.iter().map(|d| {
+        cols.extend(dims.iter().enumerate().map(|(i, d)| {
             let e = if inherited(d) { dim_expr(d) } else { ident(d) };
-            format!("CAST({e} AS VARCHAR)")
+            format!("CAST({e} AS VARCHAR) AS d{i}")
         }));
         let query = format!(
             "SELECT {} FROM spans {}",
