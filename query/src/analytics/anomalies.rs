@@ -1062,15 +1062,7 @@ pub(crate) async fn decode_attributions(
     dims: &[String],
 ) -> Result<(Vec<Vec<Cause>>, Option<Vec<Vec<Cause>>>)> {
     let spec = span_signal("itl")?;
-    let ws: Vec<Window> = windows
-        .iter()
-        .map(|&(start, end)| Window {
-            start,
-            end,
-            score: 0.0,
-            peak: 0.0,
-        })
-        .collect();
+    let ws = test_windows(windows);
     let sql = attribute(run, p, &spec, &Kind::Latency, &ws, threshold, mid, dims).await?;
     let ask = super::decode::Ask {
         windows: windows.to_vec(),
@@ -1119,15 +1111,7 @@ pub(crate) async fn request_attributions(
     dims: &[String],
 ) -> Result<(Vec<Vec<Cause>>, Vec<Vec<Cause>>)> {
     let (spec, kind) = spec_of(signal)?;
-    let ws: Vec<Window> = windows
-        .iter()
-        .map(|&(start, end)| Window {
-            start,
-            end,
-            score: 0.0,
-            peak: 0.0,
-        })
-        .collect();
+    let ws = test_windows(windows);
     let sql = attribute(run, p, &spec, &kind, &ws, threshold, mid, dims).await?;
     let mut frames = test_frames();
     let (frame, all) = frames.get(run, p, dims).await?.expect("within the budget");
@@ -1194,4 +1178,18 @@ fn test_frames() -> Frames {
             .collect(),
         state: None,
     }
+}
+
+/// Windows as detection would make them, for the test hooks.
+#[cfg(test)]
+fn test_windows(windows: &[(u64, u64)]) -> Vec<Window> {
+    windows
+        .iter()
+        .map(|&(start, end)| Window {
+            start,
+            end,
+            score: 0.0,
+            peak: 0.0,
+        })
+        .collect()
 }
