@@ -318,16 +318,24 @@ impl Frames {
         dims: &[String],
     ) -> Result<Option<&(Frame, Vec<String>)>> {
         if self.state.is_none() {
+            // by default, read every candidate request attribute with the rest and keep those
+            // with 2 to 1,000 values among the request spans (counted exactly)
             let mut all = dims.to_vec();
             if p.get("dims").is_none() {
-                for a in request_attributes(run, p).await? {
+                for a in attribute_candidates(run).await? {
                     if !all.contains(&a) {
                         all.push(a);
                     }
                 }
             }
             let frame = Frame::load(run, p, &self.signals, &all).await?;
-            self.state = Some(frame.map(|f| (f, all)));
+            self.state = Some(frame.map(|f| {
+                let keep: Vec<usize> = (0..all.len())
+                    .filter(|&d| d < dims.len() || (2..=1000).contains(&f.distinct(d)))
+                    .collect();
+                let names = keep.iter().map(|&d| all[d].clone()).collect();
+                (f.project(&keep), names)
+            }));
         }
         Ok(self.state.as_ref().and_then(Option::as_ref))
     }
@@ -571,6 +579,35 @@ async fn series_of_sql(
 
 /// String attributes of request spans with 2 to 1,000 values in the range.
 async fn request_attributes(run: &Run<'_>, p: &Params) -> Result<Vec<String>> {
+    let candidates = attribute_candidates(run).await?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let counts: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("approx_distinct({})", ident(c)))
+        .collect();
+    let r = run
+        .sql(&format!(
+            "SELECT {} FROM spans {}",
+            counts.join(", "),
+            p.where_clause(&[format!("({REQUEST_SPANS})")])?
+        ))
+        .await?;
+    Ok(candidates
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            let n = r.i64(*i).first().copied().flatten().unwrap_or(0);
+            (2..=1000).contains(&n)
+        })
+        .map(|(_, c)| c)
+        .collect())
+}
+
+/// The text columns of `spans` that may be request attributes (at most 64): not a fixed
+/// column, an inherited dimension or a hash.
+async fn attribute_candidates(run: &Run<'_>) -> Result<Vec<String>> {
     let cols = run
         .sql(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'spans' \
@@ -603,29 +640,7 @@ async fn request_attributes(run: &Run<'_>, p: &Params) -> Result<Vec<String>> {
         })
         .take(64)
         .collect();
-    if candidates.is_empty() {
-        return Ok(Vec::new());
-    }
-    let counts: Vec<String> = candidates
-        .iter()
-        .map(|c| format!("approx_distinct({})", ident(c)))
-        .collect();
-    let r = run
-        .sql(&format!(
-            "SELECT {} FROM spans {}",
-            counts.join(", "),
-            p.where_clause(&[format!("({REQUEST_SPANS})")])?
-        ))
-        .await?;
-    Ok(candidates
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| {
-            let n = r.i64(*i).first().copied().flatten().unwrap_or(0);
-            (2..=1000).contains(&n)
-        })
-        .map(|(_, c)| c)
-        .collect())
+    Ok(candidates)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -102,6 +102,36 @@ impl Frame {
         }))
     }
 
+    /// How many distinct values dimension `d` holds.
+    pub fn distinct(&self, d: usize) -> usize {
+        let mut seen = rustc_hash::FxHashSet::default();
+        for row in self.tuples.chunks(self.dims.max(1)) {
+            if let Some(&v) = row.get(d)
+                && v != NONE
+            {
+                seen.insert(v);
+            }
+        }
+        seen.len()
+    }
+
+    /// The frame with dimensions `keep` alone, in that order.
+    pub fn project(self, keep: &[usize]) -> Self {
+        let tuples = if self.dims == 0 {
+            Vec::new()
+        } else {
+            self.tuples
+                .chunks(self.dims)
+                .flat_map(|row| keep.iter().map(move |&d| row[d]))
+                .collect()
+        };
+        Self {
+            tuples,
+            dims: keep.len(),
+            ..self
+        }
+    }
+
     fn values(&self, signal: &str) -> &[Option<f64>] {
         self.values
             .iter()
