@@ -274,6 +274,22 @@ impl<R> Snapshot<R> {
     pub fn straddles(&self, meta: &BlockMeta) -> bool {
         self.cutoff.is_some_and(|c| meta.min_start < c.0)
     }
+
+    /// A time range `[start, end)` (either end open) as the rows it may return: `(lo, hi)`,
+    /// the start no earlier than the cutoff.
+    pub fn range(&self, start: Option<u64>, end: Option<u64>) -> (u64, u64) {
+        let lo = start.unwrap_or(0).max(self.cutoff.map_or(0, |c| c.0));
+        (lo, end.unwrap_or(u64::MAX))
+    }
+
+    /// The blocks with rows starting in `[lo, hi)`, by address.
+    pub fn blocks_in(&self, (lo, hi): (u64, u64)) -> Vec<(BlockAddr, &Arc<BlockMeta>)> {
+        self.blocks
+            .iter()
+            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
+            .map(|(a, m)| (*a, m))
+            .collect()
+    }
 }
 
 impl<R: Row> TenantState<R> {

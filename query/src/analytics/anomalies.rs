@@ -392,10 +392,7 @@ async fn span_incidents(
                 overall.merge(&s.sketch);
                 sketches.insert(t, s.sketch);
             } else {
-                let v = match kind {
-                    Kind::Rate => s.sum / s.n.max(1.0),
-                    _ => s.n / (step_ns as f64 / 1e9),
-                };
+                let v = point_value(&kind, s.n, s.sum, step_ns);
                 points.insert(t, Point { t, v, n: s.n });
             }
         }
@@ -516,6 +513,15 @@ fn frame_causes(
     rank(&t, dims)
 }
 
+/// A rate's or count's step value from its rows and summed values: the share in error, or
+/// rows per second.
+fn point_value(kind: &Kind, n: f64, sum: f64, step_ns: u64) -> f64 {
+    match kind {
+        Kind::Rate => sum / n.max(1.0),
+        _ => n / (step_ns as f64 / 1e9),
+    }
+}
+
 /// The series of a span signal in SQL: per step, a latency signal's sketch (into `sketches`
 /// and `overall`), or a rate's or count's point (into `points`). `false` when the time budget
 /// ran out first.
@@ -566,10 +572,7 @@ async fn series_of_sql(
             for i in 0..rows.len() {
                 let t = times[i].unwrap_or(0) as u64;
                 let (n, e) = (n[i].unwrap_or(0.0), e[i].unwrap_or(0.0));
-                let v = match kind {
-                    Kind::Rate => e / n.max(1.0),
-                    _ => n / (step_ns as f64 / 1e9),
-                };
+                let v = point_value(kind, n, e, step_ns);
                 points.insert(t, Point { t, v, n });
             }
         }
@@ -1173,8 +1176,7 @@ pub(crate) async fn request_series(
         .map(|(t, s)| {
             let v = match kind {
                 Kind::Latency => 0.0,
-                Kind::Rate => s.sum / s.n.max(1.0),
-                _ => s.n / (step as f64 / 1e9),
+                _ => point_value(&kind, s.n, s.sum, step),
             };
             (t, s.sketch, v)
         })

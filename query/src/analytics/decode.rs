@@ -136,8 +136,7 @@ pub async fn tallies(
     let windows = ask.windows.len();
     let work = move || {
         let snapshot = store.snapshot(&tenant);
-        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
-        let hi = end.unwrap_or(u64::MAX);
+        let (lo, hi) = snapshot.range(start, end);
         let head = RequestCell::default().get(&store, &tenant, &snapshot)?;
         let scan = Scan {
             store: &store,
@@ -222,10 +221,9 @@ impl Scan<'_> {
         let mut t = Tallies::new(self.dims.len(), self.ask.windows.len());
         let blocks: Vec<(BlockAddr, &BlockMeta)> = self
             .snapshot
-            .blocks
-            .iter()
-            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
-            .map(|(a, m)| (*a, m.as_ref()))
+            .blocks_in((lo, hi))
+            .into_iter()
+            .map(|(a, m)| (a, m.as_ref()))
             .collect();
         // the windows' rows first: the anomalous units (counted per window and tuple), and so
         // the candidates
@@ -317,10 +315,14 @@ impl Scan<'_> {
             .iter()
             .position(|(s, e)| meta.min_start >= *s && meta.max_start < *e);
         let mut in_window: Vec<(u32, usize)> = Vec::new();
-        let mut left_out = Vec::new();
-        match inside {
-            Some(w) if !cut => in_window.extend(tokens.iter().map(|row| (row, w))),
+        let baseline = match inside {
+            Some(w) if !cut => {
+                in_window.extend(tokens.iter().map(|row| (row, w)));
+                RoaringBitmap::new()
+            }
             _ => {
+                // rows out of the range or in a window are not the baseline
+                let mut left_out = Vec::new();
                 let starts = view.starts(&Rows::Set(tokens.clone())).map_err(err)?;
                 for (row, &start) in tokens.iter().zip(starts.iter()) {
                     let start = start as u64;
@@ -333,12 +335,9 @@ impl Scan<'_> {
                         left_out.push(row);
                     }
                 }
+                tokens - RoaringBitmap::from_sorted_iter(left_out).expect("rows ascend")
             }
-        }
-        let mut baseline = tokens.clone();
-        if !left_out.is_empty() {
-            baseline -= RoaringBitmap::from_sorted_iter(left_out).expect("rows ascend");
-        }
+        };
         let mut anomalous = Vec::new();
         if !in_window.is_empty() {
             let set = RoaringBitmap::from_sorted_iter(in_window.iter().map(|r| r.0))
@@ -357,9 +356,6 @@ impl Scan<'_> {
                     anomalous.push((row, w, v - self.ask.mid));
                 }
             }
-        }
-        if inside.is_some() && !cut {
-            baseline = RoaringBitmap::new();
         }
         Ok(BlockRows {
             baseline,

@@ -28,13 +28,8 @@ impl Store {
         cell: &mut dyn FnMut(u64, i16, u64, &TraceId),
     ) -> Result<bool> {
         let snapshot = self.snapshot(tenant);
-        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
-        let hi = end.unwrap_or(u64::MAX);
-        let in_range: Vec<(&BlockAddr, &Arc<BlockMeta>)> = snapshot
-            .blocks
-            .iter()
-            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
-            .collect();
+        let (lo, hi) = snapshot.range(start, end);
+        let in_range = snapshot.blocks_in((lo, hi));
         // every block must have cells, and a range end cutting a block must be a whole second
         for (_, meta) in &in_range {
             let cut_low = meta.min_start < lo && !lo.is_multiple_of(SECOND);
@@ -45,7 +40,7 @@ impl Store {
         }
         let mut heats = Vec::with_capacity(in_range.len());
         for (addr, meta) in in_range {
-            let heat = self.block_heat(tenant, *addr, meta)?;
+            let heat = self.block_heat(tenant, addr, meta)?;
             if track == Track::ItlBin && !heat.has_bins {
                 return Ok(false);
             }

@@ -50,13 +50,8 @@ impl Store {
         slots: &[usize],
     ) -> Result<Option<RequestTable>> {
         let snapshot = self.snapshot(tenant);
-        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
-        let hi = end.unwrap_or(u64::MAX);
-        let in_range: Vec<(&BlockAddr, &Arc<BlockMeta>)> = snapshot
-            .blocks
-            .iter()
-            .filter(|(_, m)| m.max_start >= lo && m.min_start < hi)
-            .collect();
+        let (lo, hi) = snapshot.range(start, end);
+        let in_range = snapshot.blocks_in((lo, hi));
         for (_, meta) in &in_range {
             let cut = meta.min_start < lo || meta.max_start >= hi;
             if meta.column(col::ROLLUP_REQUESTS).is_none() || (spans && cut) {
@@ -73,7 +68,7 @@ impl Store {
         let mut total = RequestRollup::default();
         let mut pending = Pending::default();
         for (addr, meta) in in_range {
-            let block = self.block_requests(tenant, *addr, meta)?;
+            let block = self.block_requests(tenant, addr, meta)?;
             // the block's terms and tuples as the total's, each mapped when first used
             let terms: Vec<u32> = block.terms.iter().map(|t| total.term(t)).collect();
             let mut tuples = vec![NONE; block.tuples.len()];
@@ -111,7 +106,7 @@ impl Store {
                 for (trace, tuple, n) in &block.open {
                     if whole.contains(trace) {
                         pending.traces.insert(*trace);
-                        pending.open.insert((*addr, *trace));
+                        pending.open.insert((addr, *trace));
                     } else {
                         let g = global(&mut total, *tuple);
                         total.spans[g as usize] += n;

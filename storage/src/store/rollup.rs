@@ -25,8 +25,7 @@ impl Store {
         end: Option<u64>,
     ) -> Result<OpRollup> {
         let snapshot = self.snapshot(tenant);
-        let lo = start.unwrap_or(0).max(snapshot.cutoff.map_or(0, |c| c.0));
-        let hi = end.unwrap_or(u64::MAX);
+        let (lo, hi) = snapshot.range(start, end);
         let mut total = OpRollup::default();
         for (addr, meta) in snapshot.blocks.iter() {
             if meta.max_start < lo || meta.min_start >= hi {
