@@ -63,12 +63,22 @@ pub fn dedicated_value(r: &SpanRecord, i: usize) -> Option<&Value> {
         .map(|kv| &kv.value)
 }
 
+/// Whether a span carries a request value itself (then it is an anchor of its block's request
+/// rollup, [`crate::requests`]).
+pub fn carries(span: &SpanRecord) -> bool {
+    span.attributes.iter().any(|kv| {
+        dedicated_for(&kv.key).is_some_and(|(col, _)| request_slot(col, &kv.value).is_some())
+    })
+}
+
 /// One span's request values, one per [`request_dims`] entry, and whether its ancestry left
-/// the spans it was resolved over.
+/// the spans it was resolved over: then `exit` is the parent id it left by (the parent of its
+/// topmost ancestor among them), the span whose values fill the ones it lacks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resolved<'a> {
     pub values: Vec<Option<&'a Value>>,
     pub open: bool,
+    pub exit: Option<SpanId>,
 }
 
 /// Resolves the request values of spans of one trace (in any order) over those spans alone.
@@ -94,13 +104,14 @@ pub fn resolve_with<'a>(spans: &[&'a SpanRecord], places: &[ParentPlace]) -> Vec
             }
         }
     }
-    let open = resolve_places(places, &mut values, d);
+    let exits = resolve_places(places, &mut values, d);
     values
         .chunks(d.max(1))
-        .zip(open)
-        .map(|(v, open)| Resolved {
+        .zip(exits)
+        .map(|(v, exit)| Resolved {
             values: v.to_vec(),
-            open,
+            open: exit.is_some(),
+            exit: exit.and_then(|top| spans[top as usize].parent_span_id),
         })
         .take(spans.len())
         .collect()
@@ -146,20 +157,25 @@ pub fn resolve_links<T: Copy>(
     d: usize,
 ) -> Vec<bool> {
     resolve_places(&parent_places(ids, parents).0, values, d)
+        .into_iter()
+        .map(|exit| exit.is_some())
+        .collect()
 }
 
-/// [`resolve_links`] over the spans' parent places.
+/// [`resolve_links`] over the spans' parent places; for each span whose ancestry leaves them,
+/// the place of its topmost ancestor among them (whose parent is missing; the span itself
+/// when its own parent is), `None` for the others.
 pub fn resolve_places<T: Copy>(
     parents: &[ParentPlace],
     values: &mut [Option<T>],
     d: usize,
-) -> Vec<bool> {
+) -> Vec<Option<u32>> {
     let n = parents.len();
     const TODO: u8 = 0;
     const ON_PATH: u8 = 1;
     const DONE: u8 = 2;
     let mut state = vec![TODO; n];
-    let mut open = vec![false; n];
+    let mut exit: Vec<Option<u32>> = vec![None; n];
     let mut path: Vec<usize> = Vec::new();
     for start in 0..n {
         // walk up to a resolved span, a root, a missing parent or a cycle
@@ -173,7 +189,7 @@ pub fn resolve_places<T: Copy>(
             match parents[at] {
                 ParentPlace::At(next) if state[next as usize] != ON_PATH => at = next as usize,
                 ParentPlace::Missing => {
-                    open[at] = true;
+                    exit[at] = Some(at as u32);
                     break None;
                 }
                 // a root, or a cycle closing
@@ -184,7 +200,7 @@ pub fn resolve_places<T: Copy>(
         let mut above = above;
         while let Some(i) = path.pop() {
             if let Some(a) = above {
-                open[i] = open[a];
+                exit[i] = exit[a];
                 for slot in 0..d {
                     if values[i * d + slot].is_none() {
                         values[i * d + slot] = values[a * d + slot];
@@ -195,7 +211,7 @@ pub fn resolve_places<T: Copy>(
             above = Some(i);
         }
     }
-    open
+    exit
 }
 
 /// The slot among [`request_dims`] that a value of dedicated column `col` fills: `col` is a

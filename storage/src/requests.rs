@@ -11,9 +11,17 @@
 //! - the spans counted per tuple of request-dimension values, for spans whose values are
 //!   final in the block;
 //! - per trace, the spans whose ancestry leaves the block (*open* rows, see
-//!   [`crate::request`]) counted per tuple as the block resolved them: a reader keeps those
-//!   counts when the trace has no rows elsewhere, and resolves the trace whole otherwise.
+//!   [`crate::request`]) counted per (parent id they leave by, tuple) as the block resolved
+//!   them: a reader keeps those counts when the trace has no rows elsewhere; otherwise it fills
+//!   the values they lack from the span they leave by;
+//! - the *anchors*: every span of the block carrying a request value itself (the generate span,
+//!   the request spans), with its tuple and the parent id it leaves by when open. The span an
+//!   open row leaves by is, in LLM traces, nearly always one (the token spans' generate span,
+//!   the generate span's model client span), so a reader resolves open rows from the anchors of
+//!   the blocks alone, and reads a trace's spans only when the chain passes through a span
+//!   that carries nothing (or never arrived).
 //!
+//! Version 1 (no exits, no anchors) is still read: its open rows are resolved whole.
 //! Values are the terms the postings hold ([`Value::as_term`]); a tuple has one entry per
 //! [`crate::request::request_dims`] slot, [`NONE`] where the span has no value.
 
@@ -27,8 +35,8 @@ use crate::model::{SpanId, SpanKind, SpanRecord, StatusCode, TraceId, Value};
 use crate::request::dedicated_value;
 use crate::schema::DEDICATED;
 
-/// Version of the encoded rollup.
-pub const REQUESTS_VERSION: u8 = 1;
+/// Version of the encoded rollup: 2 adds exits and anchors.
+pub const REQUESTS_VERSION: u8 = 2;
 
 /// A tuple entry without a value.
 pub const NONE: u32 = u32::MAX;
@@ -82,6 +90,8 @@ pub struct RequestRow {
     pub error: bool,
     /// Whether its ancestry leaves the block (its values may change, resolved whole).
     pub open: bool,
+    /// When open, the parent id it leaves the block by (`None` in version 1 rollups).
+    pub exit: Option<SpanId>,
     /// Its request values: an index into its rollup's tuples.
     pub tuple: u32,
     /// Seconds.
@@ -92,15 +102,16 @@ pub struct RequestRow {
 }
 
 impl RequestRow {
-    /// The row of a request span.
-    pub fn of(span: &SpanRecord, open: bool, tuple: u32) -> Self {
+    /// The row of a request span whose ancestry leaves its rows by `exit` (when it does).
+    pub fn of(span: &SpanRecord, exit: Option<SpanId>, tuple: u32) -> Self {
         Self {
             trace: span.trace_id,
             span: span.span_id,
             start_ns: span.start.0,
             duration_ns: span.duration_ns(),
             error: span.status_code == StatusCode::Error,
-            open,
+            open: exit.is_some(),
+            exit,
             tuple,
             ttft: double(span, TTFT),
             e2e: double(span, E2E),
@@ -113,6 +124,26 @@ impl RequestRow {
     }
 }
 
+/// Open spans of one trace sharing the parent id they leave their block by and their tuple.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpenSpans {
+    pub trace: TraceId,
+    /// `None` in version 1 rollups.
+    pub exit: Option<SpanId>,
+    pub tuple: u32,
+    pub spans: u64,
+}
+
+/// A span carrying a request value itself: its tuple as its block resolved it and, when its
+/// ancestry leaves the block, the parent id it leaves by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Anchor {
+    pub trace: TraceId,
+    pub span: SpanId,
+    pub tuple: u32,
+    pub exit: Option<SpanId>,
+}
+
 /// Requests and span counts by request values, of some spans.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RequestRollup {
@@ -122,9 +153,10 @@ pub struct RequestRollup {
     pub tuples: Vec<Vec<u32>>,
     /// Spans whose values are final, per tuple.
     pub spans: Vec<u64>,
-    /// Open spans, as (trace, tuple, spans).
-    pub open: Vec<(TraceId, u32, u64)>,
+    /// Open spans.
+    pub open: Vec<OpenSpans>,
     pub requests: Vec<RequestRow>,
+    pub anchors: Vec<Anchor>,
     term_index: HashMap<String, u32>,
     tuple_index: HashMap<Vec<u32>, u32>,
 }
@@ -167,36 +199,54 @@ impl RequestRollup {
     }
 
     /// The rollup of a block's rows: sorted by trace, `traces` their runs (first row, rows),
-    /// `values` each row's resolved request values (row-major, one per request dimension) and
-    /// `open` whether its ancestry leaves the block.
+    /// `values` each row's resolved request values (row-major, one per request dimension),
+    /// `exits` the parent id each row's ancestry leaves the block by (`None`: it does not) and
+    /// `carriers` whether a row carries a request value itself.
     pub fn of_block(
         rows: &[&SpanRecord],
         traces: impl Iterator<Item = (u32, u32)>,
         values: &[Option<&Value>],
-        open: &[bool],
+        exits: &[Option<SpanId>],
+        carriers: &[bool],
     ) -> Self {
         let d = crate::request::request_dims().len();
         let mut r = Self::default();
         for (start, len) in traces {
-            let mut open_here: Vec<(u32, u64)> = Vec::new();
+            let Some(first) = rows.get(start as usize) else {
+                continue;
+            };
+            let trace = first.trace_id;
+            let at = r.open.len();
             for row in start as usize..(start + len) as usize {
                 let tuple = r.tuple_of(&values[row * d..(row + 1) * d]);
-                if open[row] {
-                    match open_here.iter_mut().find(|(t, _)| *t == tuple) {
-                        Some((_, n)) => *n += 1,
-                        None => open_here.push((tuple, 1)),
+                let exit = exits[row];
+                if exit.is_some() {
+                    match r.open[at..]
+                        .iter_mut()
+                        .find(|o| o.tuple == tuple && o.exit == exit)
+                    {
+                        Some(o) => o.spans += 1,
+                        None => r.open.push(OpenSpans {
+                            trace,
+                            exit,
+                            tuple,
+                            spans: 1,
+                        }),
                     }
                 } else {
                     r.spans[tuple as usize] += 1;
                 }
-                if is_request(rows[row]) {
-                    r.requests.push(RequestRow::of(rows[row], open[row], tuple));
+                if carriers[row] {
+                    r.anchors.push(Anchor {
+                        trace,
+                        span: rows[row].span_id,
+                        tuple,
+                        exit,
+                    });
                 }
-            }
-            if let Some(first) = rows.get(start as usize) {
-                let trace = first.trace_id;
-                r.open
-                    .extend(open_here.into_iter().map(|(t, n)| (trace, t, n)));
+                if is_request(rows[row]) {
+                    r.requests.push(RequestRow::of(rows[row], exit, tuple));
+                }
             }
         }
         r
@@ -219,11 +269,19 @@ impl RequestRollup {
             }
             w.u64(*spans);
         }
+        let opt_id = |w: &mut Writer, v: Option<SpanId>| match v {
+            Some(id) => {
+                w.buf.push(1);
+                w.raw(&id.0);
+            }
+            None => w.buf.push(0),
+        };
         w.u64(self.open.len() as u64);
-        for (trace, tuple, n) in &self.open {
-            w.raw(&trace.0);
-            w.u64((*tuple).into());
-            w.u64(*n);
+        for o in &self.open {
+            w.raw(&o.trace.0);
+            opt_id(&mut w, o.exit);
+            w.u64(o.tuple.into());
+            w.u64(o.spans);
         }
         w.u64(self.requests.len() as u64);
         let opt_f = |w: &mut Writer, v: Option<f64>| match v {
@@ -239,6 +297,7 @@ impl RequestRollup {
             w.u64(q.start_ns);
             w.u64(q.duration_ns);
             w.buf.push(u8::from(q.error) | (u8::from(q.open) << 1));
+            opt_id(&mut w, q.exit);
             w.u64(q.tuple.into());
             opt_f(&mut w, q.ttft);
             opt_f(&mut w, q.e2e);
@@ -251,6 +310,13 @@ impl RequestRollup {
                 None => w.buf.push(0),
             }
         }
+        w.u64(self.anchors.len() as u64);
+        for a in &self.anchors {
+            w.raw(&a.trace.0);
+            w.raw(&a.span.0);
+            opt_id(&mut w, a.exit);
+            w.u64(a.tuple.into());
+        }
         w.buf
     }
 
@@ -258,7 +324,7 @@ impl RequestRollup {
         let corrupt = |m: String| StorageError::corrupt("request rollup", m);
         let mut r = Reader::new(buf);
         let version = r.u8()?;
-        if version != REQUESTS_VERSION {
+        if !(1..=REQUESTS_VERSION).contains(&version) {
             return Err(corrupt(format!(
                 "version {version}, this build reads {REQUESTS_VERSION}"
             )));
@@ -300,10 +366,27 @@ impl RequestRollup {
             }
             Ok(t as u32)
         };
+        // exits from version 2
+        let opt_id = |r: &mut Reader| -> Result<Option<SpanId>> {
+            if version < 2 {
+                return Ok(None);
+            }
+            Ok(match r.u8()? {
+                0 => None,
+                _ => Some(SpanId(r.raw(8)?.try_into().expect("8 bytes"))),
+            })
+        };
         for _ in 0..r.u64()? {
             let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+            let exit = opt_id(&mut r)?;
             let tuple = tuple_id(&mut r)?;
-            out.open.push((trace, tuple, r.u64()?));
+            let spans = r.u64()?;
+            out.open.push(OpenSpans {
+                trace,
+                exit,
+                tuple,
+                spans,
+            });
         }
         let opt_f = |r: &mut Reader| -> Result<Option<f64>> {
             Ok(match r.u8()? {
@@ -317,6 +400,7 @@ impl RequestRollup {
             let start_ns = r.u64()?;
             let duration_ns = r.u64()?;
             let flags = r.u8()?;
+            let exit = opt_id(&mut r)?;
             let tuple = tuple_id(&mut r)?;
             let ttft = opt_f(&mut r)?;
             let e2e = opt_f(&mut r)?;
@@ -332,12 +416,27 @@ impl RequestRollup {
                 duration_ns,
                 error: flags & 1 != 0,
                 open: flags & 2 != 0,
+                exit,
                 tuple,
                 ttft,
                 e2e,
                 decode,
                 output_tokens,
             });
+        }
+        if version >= 2 {
+            for _ in 0..r.u64()? {
+                let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+                let span = SpanId(r.raw(8)?.try_into().expect("8 bytes"));
+                let exit = opt_id(&mut r)?;
+                let tuple = tuple_id(&mut r)?;
+                out.anchors.push(Anchor {
+                    trace,
+                    span,
+                    tuple,
+                    exit,
+                });
+            }
         }
         Ok(out)
     }
@@ -348,8 +447,9 @@ impl RequestRollup {
         let tuples: usize = self.tuples.iter().map(|t| 2 * (32 + 4 * t.len()) + 8).sum();
         128 + terms
             + tuples
-            + self.open.len() * 32
+            + self.open.len() * std::mem::size_of::<OpenSpans>()
             + self.requests.len() * std::mem::size_of::<RequestRow>()
+            + self.anchors.len() * std::mem::size_of::<Anchor>()
     }
 }
 
@@ -395,15 +495,30 @@ mod tests {
         let mut values: Vec<Option<&Value>> = vec![None; 3 * d];
         values[0] = Some(&v1);
         values[d] = Some(&v1);
+        let exit = Some(SpanId([9; 8]));
         let r = RequestRollup::of_block(
             &rows,
             [(0, 2), (2, 1)].into_iter(),
             &values,
-            &[false, false, true],
+            &[None, None, exit],
+            &[true, false, false],
         );
         assert_eq!(r.tuples.len(), 2);
         assert_eq!(r.spans, vec![2, 0]);
-        assert_eq!(r.open, vec![(TraceId([2; 16]), 1, 1)]);
+        let open = OpenSpans {
+            trace: TraceId([2; 16]),
+            exit,
+            tuple: 1,
+            spans: 1,
+        };
+        assert_eq!(r.open, vec![open]);
+        let anchor = Anchor {
+            trace: TraceId([1; 16]),
+            span: SpanId([1; 8]),
+            tuple: 0,
+            exit: None,
+        };
+        assert_eq!(r.anchors, vec![anchor]);
         assert_eq!(r.requests.len(), 1);
         let q = r.requests[0];
         assert_eq!(
@@ -417,7 +532,17 @@ mod tests {
         assert_eq!(back.spans, r.spans);
         assert_eq!(back.open, r.open);
         assert_eq!(back.requests, r.requests);
+        assert_eq!(back.anchors, r.anchors);
         assert!(RequestRollup::decode(&[9]).is_err());
+        // version 1: no exits and no anchors (here without open rows or requests, so its
+        // bytes are version 2's less the anchors' count)
+        let mut spans_only = RequestRollup::default();
+        let t = spans_only.tuple_of(&values[..d]);
+        spans_only.spans[t as usize] = 3;
+        let mut v1 = spans_only.encode();
+        assert_eq!(v1.pop(), Some(0));
+        v1[0] = 1;
+        assert_eq!(RequestRollup::decode(&v1).unwrap().spans, vec![3]);
         assert!(RequestRollup::decode(&r.encode()[..20]).is_err());
     }
 }

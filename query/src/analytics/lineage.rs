@@ -494,7 +494,7 @@ async fn dimensions_of_requests(
     p: &Params,
     dims: &[String],
 ) -> Result<Option<Vec<DimensionRow>>> {
-    let Some(t) = super::requests::table(run, p, true, dims).await? else {
+    let Some(t) = super::requests::table(run, p, true, dims, |_| true).await? else {
         return Ok(None);
     };
     // rows with none of the dimensions belong to no combination

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
 use serde_json::{Value, json};
 
 use super::exec::{Run, steps};
@@ -203,25 +204,34 @@ async fn of_requests(
         },
         _ => return Ok(None),
     };
-    let Some(t) = table(run, p, false, dims).await? else {
+    let Some(t) = table(run, p, false, dims, move |q| of(q).is_some()).await? else {
         return Ok(None);
     };
     let step = step.as_nanos() as u64;
-    // per group (its tuple's values of the dims), per step: a sketch
-    let mut groups: BTreeMap<Vec<Option<&str>>, BTreeMap<i64, Sketch>> = BTreeMap::new();
+    // per tuple its group (the tuple's values of the dims; `None`: filtered out), looked up
+    // once; per (group, step) a sketch
+    let mut group_of: Vec<Option<Option<usize>>> = vec![None; t.rollup.tuples.len()];
+    let mut keys: Vec<Vec<Option<&str>>> = Vec::new();
+    let mut key_index: BTreeMap<Vec<Option<&str>>, usize> = BTreeMap::new();
+    let mut sketches: FxHashMap<(usize, i64), Sketch> = FxHashMap::default();
     for q in &t.rollup.requests {
-        if !t.passes(q.tuple) {
-            continue;
-        }
         let Some(v) = of(q) else { continue };
-        let key = t.key(q.tuple);
+        let group = *group_of[q.tuple as usize].get_or_insert_with(|| {
+            t.passes(q.tuple).then(|| {
+                let key = t.key(q.tuple);
+                *key_index.entry(key.clone()).or_insert_with(|| {
+                    keys.push(key);
+                    keys.len() - 1
+                })
+            })
+        });
+        let Some(group) = group else { continue };
         let at = (q.start_ns / step * step) as i64;
-        groups
-            .entry(key)
-            .or_default()
-            .entry(at)
-            .or_default()
-            .insert(v);
+        sketches.entry((group, at)).or_default().insert(v);
+    }
+    let mut groups: BTreeMap<&[Option<&str>], BTreeMap<i64, Sketch>> = BTreeMap::new();
+    for ((group, at), sketch) in sketches {
+        groups.entry(&keys[group]).or_default().insert(at, sketch);
     }
     type Points = Vec<(i64, Vec<f64>)>;
     let mut series: BTreeMap<BTreeMap<String, String>, Points> = BTreeMap::new();
@@ -229,7 +239,7 @@ async fn of_requests(
         let labels: BTreeMap<String, String> = dims
             .iter()
             .zip(key)
-            .filter_map(|(d, v)| Some((d.clone(), v?.to_owned())))
+            .filter_map(|(d, v)| Some((d.clone(), (*v)?.to_owned())))
             .collect();
         let s = series.entry(labels).or_default();
         for (at, sketch) in points {

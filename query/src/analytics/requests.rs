@@ -3,7 +3,7 @@
 //! (request dimensions for groups and `attr.` filters), and the table itself, read off the
 //! runtime's threads under the call's time budget.
 
-use weft_storage::requests::{NONE, RequestRollup};
+use weft_storage::requests::{NONE, RequestRollup, RequestRow};
 use weft_storage::schema::DEDICATED;
 use weft_storage::store::RequestTable;
 
@@ -68,7 +68,8 @@ impl Table {
     }
 }
 
-/// The request table over the call's range (`spans`: with span counts) grouped by `dims`.
+/// The request table over the call's range (`spans`: with span counts) grouped by `dims`,
+/// with the request rows `keep` keeps.
 /// `Ok(None)` when the tables cannot answer the call (the caller asks SQL): a dimension that
 /// is not a request dimension, a `service` or `name` filter, an `attr.` filter on anything
 /// but a request dimension, or a part the store declines. A spent time budget marks the call
@@ -78,6 +79,7 @@ pub async fn table(
     p: &Params,
     spans: bool,
     dims: &[String],
+    keep: impl Fn(&RequestRow) -> bool + Send + 'static,
 ) -> Result<Option<Table>> {
     let slots: Option<Vec<usize>> = dims.iter().map(|d| slot(d)).collect();
     let (Some(mut slots), Some(filters)) = (slots, attr_filters(p)) else {
@@ -92,7 +94,7 @@ pub async fn table(
     let (start, end) = (p.start, p.end);
     let read = run
         .blocking("request table", move || {
-            store.request_table(&tenant, start, end, spans, &slots)
+            store.request_table_of(&tenant, (start, end), spans, &slots, keep)
         })
         .await?
         .unwrap_or_else(|| Some(RequestTable::default()));

@@ -432,7 +432,8 @@ pub fn build_block_with(
 
     let traces = trace_entries(&rows);
     let (places, unique) = parent_places(&rows, &traces);
-    let opens = add_request_postings(&mut postings, &traces, &places, &mut request_values);
+    let (exits, carriers) =
+        add_request_postings(&mut postings, &rows, &traces, &places, &mut request_values);
 
     let mut ints = ints
         .into_iter()
@@ -560,7 +561,8 @@ pub fn build_block_with(
         &rows,
         traces.iter().map(|t| (t.row_start, t.rows)),
         &request_values,
-        &opens,
+        &exits,
+        &carriers,
     )
     .encode();
     for (name, rollup) in [
@@ -776,13 +778,16 @@ fn trace_entries(rows: &[&SpanRecord]) -> Vec<TraceEntry> {
 /// Each row's request dimensions (see [`crate::request`]), resolved over the rows of its
 /// trace in this block, as postings: runs of rows holding one value are added as ranges.
 /// Rows whose ancestry leaves the block are marked open; the open postings are written even
-/// when empty, which tells a reader the block has request postings.
+/// when empty, which tells a reader the block has request postings. Returns, per row, the
+/// parent id its ancestry leaves the block by (when it does) and whether it carries a request
+/// value itself.
 fn add_request_postings(
     postings: &mut Postings,
+    rows: &[&SpanRecord],
     traces: &[TraceEntry],
     places: &[ParentPlace],
     values: &mut [Option<&Value>],
-) -> Vec<bool> {
+) -> (Vec<Option<SpanId>>, Vec<bool>) {
     let dims = request::request_dims();
     let d = dims.len();
     // per dimension, the run being extended: its term and first row, and the value last seen
@@ -791,7 +796,8 @@ fn add_request_postings(
     let mut runs: Vec<Option<(String, u32)>> = vec![None; d];
     let mut last: Vec<Option<&Value>> = vec![None; d];
     let mut open: Option<u32> = None;
-    let mut opens = Vec::with_capacity(places.len());
+    let mut exits = Vec::with_capacity(places.len());
+    let mut carriers = Vec::with_capacity(places.len());
     let end_run = |postings: &mut Postings, d: usize, run: Option<(String, u32)>, end: u32| {
         if let Some((term, first)) = run {
             postings.add_range(request::request_dim_name(d).to_owned(), term, first..end);
@@ -800,9 +806,16 @@ fn add_request_postings(
     for t in traces {
         let run = t.row_start as usize..(t.row_start + t.rows) as usize;
         let in_run = &mut values[run.start * d..run.end * d];
+        carriers.extend(
+            in_run
+                .chunks(d.max(1))
+                .map(|v| v.iter().any(Option::is_some)),
+        );
         let here = request::resolve_places(&places[run.clone()], in_run, d);
-        for (i, is_open) in run.zip(here) {
-            opens.push(is_open);
+        for (i, top) in run.clone().zip(here) {
+            let exit = top.and_then(|top| rows[run.start + top as usize].parent_span_id);
+            exits.push(exit);
+            let is_open = top.is_some();
             let row = i as u32;
             for (slot, &dim) in dims.iter().enumerate() {
                 let value = values[i * d + slot];
@@ -844,5 +857,5 @@ fn add_request_postings(
         .or_default()
         .entry(OPEN_TERM.into())
         .or_default();
-    opens
+    (exits, carriers)
 }

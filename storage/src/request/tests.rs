@@ -65,6 +65,7 @@ fn a_retry_gives_each_token_its_own_attempt() {
         span(4, Some(1), &[("worker.id", v("w-7"))]),
         span(5, Some(4), &[]),
         span(6, Some(99), &[]),
+        span(7, Some(6), &[]),
     ];
     let refs: Vec<&SpanRecord> = spans.iter().collect();
     let resolved = resolve(&refs);
@@ -81,6 +82,11 @@ fn a_retry_gives_each_token_its_own_attempt() {
     assert!(!resolved[4].open);
     assert_eq!(resolved[5].values[worker], None);
     assert!(resolved[5].open, "its parent is not among the spans");
+    // the span left by is the parent of the topmost ancestor among them
+    let missing = Some(SpanId(99u64.to_be_bytes()));
+    assert_eq!((resolved[5].exit, resolved[6].exit), (missing, missing));
+    assert!(resolved[6].open);
+    assert_eq!(resolved[4].exit, None);
 }
 
 #[test]

@@ -1,8 +1,12 @@
 //! The request table of a tenant's spans over a time range ([`crate::requests`]): each block
 //! in range adds the request rows and span counts it was written with (decoded once, cached),
 //! the head its rows. Open rows (their ancestry leaves their block or the head) keep the values
-//! their part resolved when their trace has no rows elsewhere; traces with rows elsewhere are
-//! resolved whole, as the `"request.D"` columns are, so that the answer is theirs.
+//! their part resolved when their trace has no rows elsewhere. Otherwise the values they lack
+//! come from the span they leave by, found among the blocks' anchors (the spans carrying
+//! request values: their tuple, and where they leave their own block by), one hop after the
+//! other; a trace whose chain passes through a span that is no anchor (or never arrived, or a
+//! version 1 block) is resolved whole, as the `"request.D"` columns are, so that the answer is
+//! theirs.
 
 use super::*;
 use crate::block::writer::col;
@@ -14,6 +18,10 @@ use std::collections::BTreeSet;
 
 /// Decoded block request rollups kept in memory, in bytes.
 pub const REQUESTS_CACHE_BYTES: usize = 32 << 20;
+
+/// Anchor hops an open row's values may take before its trace is resolved whole instead (a
+/// longer chain of spans carrying values is a parent cycle).
+const MAX_HOPS: usize = 64;
 
 /// Request rows and span counts by request values over a range; every tuple index is into
 /// `rollup.tuples`, every value resolved over its whole trace.
@@ -35,6 +43,144 @@ struct Pending {
     head: Vec<usize>,
 }
 
+/// What an open row stands for.
+#[derive(Clone, Copy)]
+enum Part {
+    /// Open spans of a block: counted.
+    Spans(BlockAddr, u64),
+    /// A request row of a block.
+    Request(RequestRow),
+    /// A head row.
+    Head(usize),
+}
+
+/// An open row whose trace has rows elsewhere: its tuple (the total's) lacks values that the
+/// span it leaves by may fill.
+struct Open {
+    trace: TraceId,
+    exit: Option<SpanId>,
+    tuple: u32,
+    part: Part,
+}
+
+/// A block's rollup with its terms and tuples mapped into the total's when first used (tuples
+/// projected on the asked slots).
+struct Mapped {
+    rollup: Arc<RequestRollup>,
+    terms: Vec<u32>,
+    tuples: Vec<u32>,
+}
+
+impl Mapped {
+    fn new(rollup: Arc<RequestRollup>, total: &mut RequestRollup) -> Self {
+        let terms = rollup.terms.iter().map(|t| total.term(t)).collect();
+        let tuples = vec![NONE; rollup.tuples.len()];
+        Self {
+            rollup,
+            terms,
+            tuples,
+        }
+    }
+
+    /// The total's tuple of the block's tuple `i`.
+    fn global(&mut self, total: &mut RequestRollup, slots: &[usize], i: u32) -> u32 {
+        let slot = &mut self.tuples[i as usize];
+        if *slot == NONE {
+            let tuple = &self.rollup.tuples[i as usize];
+            let mapped: Vec<u32> = slots
+                .iter()
+                .map(|&s| match tuple[s] {
+                    NONE => NONE,
+                    v => self.terms[v as usize],
+                })
+                .collect();
+            *slot = total.tuple(&mapped);
+        }
+        *slot
+    }
+}
+
+/// The anchors of some traces: (trace, span) → the total's tuple and the parent id it leaves
+/// its block by; `None` when a span id is held twice with different values (its trace is then
+/// resolved whole).
+#[derive(Default)]
+struct Anchors(FxHashMap<(TraceId, SpanId), Option<AnchorTo>>);
+
+/// Where an anchor leads: its tuple (the total's) and the parent id it leaves its block by.
+type AnchorTo = (u32, Option<SpanId>);
+
+/// What one read of a request table shares: the tenant, its snapshot, the head's rows (and
+/// those of each trace) and the asked slots.
+#[derive(Clone, Copy)]
+struct Reading<'a> {
+    tenant: &'a TenantId,
+    snapshot: &'a Snapshot,
+    head: &'a [&'a SpanRecord],
+    head_traces: &'a FxHashMap<TraceId, Vec<usize>>,
+    slots: &'a [usize],
+}
+
+impl Anchors {
+    fn add(&mut self, trace: TraceId, span: SpanId, tuple: u32, exit: Option<SpanId>) {
+        let entry = self.0.entry((trace, span)).or_insert(Some((tuple, exit)));
+        if *entry != Some((tuple, exit)) {
+            *entry = None;
+        }
+    }
+
+    /// Adds a block's anchors of the traces in `wanted`.
+    fn add_block(
+        &mut self,
+        block: &mut Mapped,
+        total: &mut RequestRollup,
+        slots: &[usize],
+        wanted: &FxHashSet<TraceId>,
+    ) {
+        let rollup = block.rollup.clone();
+        for a in rollup.anchors.iter().filter(|a| wanted.contains(&a.trace)) {
+            let tuple = block.global(total, slots, a.tuple);
+            self.add(a.trace, a.span, tuple, a.exit);
+        }
+    }
+
+    /// An open row's tuple with the values it lacks taken from the span it leaves by, and so
+    /// on up; a span in `absent` (no row of its trace holds it) ends the chain with the values
+    /// found so far. `Err(Some(span))` when a span on the way is no anchor (it may be a span
+    /// carrying nothing, or missing), `Err(None)` when the chain cannot be followed (a
+    /// version 1 rollup, a span id held twice, a chain that does not end).
+    fn finish(
+        &self,
+        total: &mut RequestRollup,
+        absent: &FxHashSet<(TraceId, SpanId)>,
+        trace: TraceId,
+        mut exit: Option<SpanId>,
+        tuple: u32,
+    ) -> std::result::Result<u32, Option<SpanId>> {
+        let mut values = total.tuples[tuple as usize].clone();
+        for _ in 0..MAX_HOPS {
+            if !values.contains(&NONE) {
+                return Ok(total.tuple(&values));
+            }
+            let at = exit.ok_or(None)?;
+            let (above, next) = match self.0.get(&(trace, at)) {
+                Some(anchor) => anchor.ok_or(None)?,
+                None if absent.contains(&(trace, at)) => return Ok(total.tuple(&values)),
+                None => return Err(Some(at)),
+            };
+            for (v, a) in values.iter_mut().zip(&total.tuples[above as usize]) {
+                if *v == NONE {
+                    *v = *a;
+                }
+            }
+            if next.is_none() {
+                return Ok(total.tuple(&values));
+            }
+            exit = next;
+        }
+        Err(None)
+    }
+}
+
 impl Store {
     /// The request rows of the tenant's spans starting in `[start, end)` (either end open)
     /// and, with `spans`, the spans counted per tuple of request values; tuples hold the
@@ -48,6 +194,19 @@ impl Store {
         end: Option<u64>,
         spans: bool,
         slots: &[usize],
+    ) -> Result<Option<RequestTable>> {
+        self.request_table_of(tenant, (start, end), spans, slots, |_| true)
+    }
+
+    /// [`Self::request_table`] with only the request rows that `keep` keeps (a percentile of
+    /// TTFT has no use for rows without one, and their values need not be resolved).
+    pub fn request_table_of(
+        &self,
+        tenant: &TenantId,
+        (start, end): (Option<u64>, Option<u64>),
+        spans: bool,
+        slots: &[usize],
+        keep: impl Fn(&RequestRow) -> bool,
     ) -> Result<Option<RequestTable>> {
         let snapshot = self.snapshot(tenant);
         let (lo, hi) = snapshot.range(start, end);
@@ -66,107 +225,301 @@ impl Store {
         }
         let elsewhere = |t: &TraceId| snapshot.splits.contains(t) || head_traces.contains_key(t);
         let mut total = RequestRollup::default();
-        let mut pending = Pending::default();
+        let lacks =
+            |total: &RequestRollup, tuple: u32| total.tuples[tuple as usize].contains(&NONE);
+        let mut opens: Vec<Open> = Vec::new();
+        let mut blocks: Vec<(BlockAddr, Mapped)> = Vec::with_capacity(in_range.len());
         for (addr, meta) in in_range {
-            let block = self.block_requests(tenant, addr, meta)?;
-            // the block's terms and tuples as the total's, each mapped when first used
-            let terms: Vec<u32> = block.terms.iter().map(|t| total.term(t)).collect();
-            let mut tuples = vec![NONE; block.tuples.len()];
-            let mut mapped = Vec::new();
-            let mut global = |total: &mut RequestRollup, i: u32| -> u32 {
-                let slot = &mut tuples[i as usize];
-                if *slot == NONE {
-                    mapped.clear();
-                    let tuple = &block.tuples[i as usize];
-                    mapped.extend(slots.iter().map(|&s| match tuple[s] {
-                        NONE => NONE,
-                        v => terms[v as usize],
-                    }));
-                    *slot = total.tuple(&mapped);
-                }
-                *slot
-            };
+            let mut block = Mapped::new(self.block_requests(tenant, addr, meta)?, &mut total);
+            let rollup = block.rollup.clone();
             if spans {
-                for (i, n) in block.spans.iter().enumerate() {
+                for (i, n) in rollup.spans.iter().enumerate() {
                     if *n > 0 {
-                        let g = global(&mut total, i as u32);
+                        let g = block.global(&mut total, slots, i as u32);
                         total.spans[g as usize] += n;
                     }
                 }
                 // an open row with a value of every slot has its final values (the nearest
                 // ancestor holding one is in the block); a trace elsewhere with an open row
-                // lacking one is resolved whole, all its open rows here counted then
-                let mut whole: FxHashSet<TraceId> = FxHashSet::default();
-                for (trace, tuple, _) in &block.open {
-                    let g = global(&mut total, *tuple);
-                    if total.tuples[g as usize].contains(&NONE) && elsewhere(trace) {
-                        whole.insert(*trace);
+                // lacking one has all its open rows here completed (or resolved whole)
+                let mut unsettled: FxHashSet<TraceId> = FxHashSet::default();
+                for o in &rollup.open {
+                    let g = block.global(&mut total, slots, o.tuple);
+                    if lacks(&total, g) && elsewhere(&o.trace) {
+                        unsettled.insert(o.trace);
                     }
                 }
-                for (trace, tuple, n) in &block.open {
-                    if whole.contains(trace) {
-                        pending.traces.insert(*trace);
-                        pending.open.insert((addr, *trace));
+                for o in &rollup.open {
+                    let tuple = block.global(&mut total, slots, o.tuple);
+                    if unsettled.contains(&o.trace) {
+                        opens.push(Open {
+                            trace: o.trace,
+                            exit: o.exit,
+                            tuple,
+                            part: Part::Spans(addr, o.spans),
+                        });
                     } else {
-                        let g = global(&mut total, *tuple);
-                        total.spans[g as usize] += n;
+                        total.spans[tuple as usize] += o.spans;
                     }
                 }
             }
-            for q in &block.requests {
-                if !(lo..hi).contains(&q.start_ns) {
+            for q in &rollup.requests {
+                if !(lo..hi).contains(&q.start_ns) || !keep(q) {
                     continue;
                 }
-                let tuple = global(&mut total, q.tuple);
-                if q.open && total.tuples[tuple as usize].contains(&NONE) && elsewhere(&q.trace) {
-                    pending.traces.insert(q.trace);
-                    pending.requests.push(*q);
+                let tuple = block.global(&mut total, slots, q.tuple);
+                let q = RequestRow { tuple, ..*q };
+                if q.open && lacks(&total, tuple) && elsewhere(&q.trace) {
+                    opens.push(Open {
+                        trace: q.trace,
+                        exit: q.exit,
+                        tuple,
+                        part: Part::Request(q),
+                    });
                 } else {
-                    total.requests.push(RequestRow { tuple, ..*q });
+                    total.requests.push(q);
                 }
             }
+            blocks.push((addr, block));
         }
+        let mut head_anchors = Vec::new();
         for (trace, rows) in &head_traces {
             let spans_of: Vec<&SpanRecord> = rows.iter().map(|&i| head[i]).collect();
+            // an open head row may leave by a span in a block (whether the trace has rows in
+            // one is not known here: a chain that finds no anchor is resolved whole)
             let resolved = request::resolve(&spans_of);
-            let whole = snapshot.splits.contains(trace) || resolved.iter().any(|r| r.open);
             for (&i, r) in rows.iter().zip(resolved) {
                 let s = head[i];
-                if !(lo..hi).contains(&s.start.0) {
-                    continue;
-                }
-                if whole {
-                    pending.traces.insert(*trace);
-                    pending.head.push(i);
-                    continue;
-                }
                 let values: Vec<Option<&Value>> = slots.iter().map(|&s| r.values[s]).collect();
                 let tuple = total.tuple_of(&values);
+                if request::carries(s) {
+                    head_anchors.push((*trace, s.span_id, tuple, r.exit));
+                }
+                let request = crate::requests::is_request(s)
+                    .then(|| RequestRow::of(s, r.exit, tuple))
+                    .filter(&keep);
+                if !(lo..hi).contains(&s.start.0) || (!spans && request.is_none()) {
+                    continue;
+                }
+                if r.open && lacks(&total, tuple) {
+                    opens.push(Open {
+                        trace: *trace,
+                        exit: r.exit,
+                        tuple,
+                        part: Part::Head(i),
+                    });
+                    continue;
+                }
                 if spans {
                     total.spans[tuple as usize] += 1;
                 }
-                if crate::requests::is_request(s) {
-                    total.requests.push(RequestRow::of(s, false, tuple));
+                total.requests.extend(request);
+            }
+        }
+        let reading = Reading {
+            tenant,
+            snapshot: &snapshot,
+            head: &head,
+            head_traces: &head_traces,
+            slots,
+        };
+        let mut pending = Pending::default();
+        if !opens.is_empty() {
+            let finished =
+                self.finish_opens(&reading, &mut blocks, head_anchors, &opens, &mut total)?;
+            for (o, f) in opens.iter().zip(finished) {
+                let Some(tuple) = f else {
+                    pending.traces.insert(o.trace);
+                    match o.part {
+                        Part::Spans(addr, _) => {
+                            pending.open.insert((addr, o.trace));
+                        }
+                        Part::Request(q) => pending.requests.push(q),
+                        Part::Head(i) => pending.head.push(i),
+                    }
+                    continue;
+                };
+                match o.part {
+                    Part::Spans(_, n) => total.spans[tuple as usize] += n,
+                    Part::Request(q) => total.requests.push(RequestRow { tuple, ..q }),
+                    Part::Head(i) => {
+                        if spans {
+                            total.spans[tuple as usize] += 1;
+                        }
+                        let request = crate::requests::is_request(head[i])
+                            .then(|| RequestRow::of(head[i], None, tuple))
+                            .filter(&keep);
+                        total.requests.extend(request);
+                    }
                 }
             }
         }
         if !pending.traces.is_empty() {
-            let head = (&head[..], &head_traces);
-            self.resolve_pending(tenant, &snapshot, head, pending, slots, &mut total)?;
+            self.resolve_pending(&reading, pending, &keep, &mut total)?;
         }
         Ok(Some(RequestTable { rollup: total }))
+    }
+
+    /// The final tuple of each open row from the anchors of the blocks in range and of the
+    /// head, then of the traces' blocks out of range, then with the spans that no row holds
+    /// left out; `None` for every row of a trace whose chain passes through a span that
+    /// carries nothing (its trace is resolved whole).
+    fn finish_opens(
+        &self,
+        reading: &Reading<'_>,
+        blocks: &mut [(BlockAddr, Mapped)],
+        head_anchors: Vec<(TraceId, SpanId, u32, Option<SpanId>)>,
+        opens: &[Open],
+        total: &mut RequestRollup,
+    ) -> Result<Vec<Option<u32>>> {
+        let Reading {
+            tenant,
+            snapshot,
+            head,
+            head_traces,
+            slots,
+        } = *reading;
+        let wanted: FxHashSet<TraceId> = opens.iter().map(|o| o.trace).collect();
+        let mut anchors = Anchors::default();
+        for (_, block) in blocks.iter_mut() {
+            anchors.add_block(block, total, slots, &wanted);
+        }
+        for (trace, span, tuple, exit) in head_anchors {
+            if wanted.contains(&trace) {
+                anchors.add(trace, span, tuple, exit);
+            }
+        }
+        let mut absent: FxHashSet<(TraceId, SpanId)> = FxHashSet::default();
+        let mut finished: Vec<std::result::Result<u32, Option<SpanId>>> = opens
+            .iter()
+            .map(|o| anchors.finish(total, &absent, o.trace, o.exit, o.tuple))
+            .collect();
+        let missing = |finished: &[std::result::Result<u32, Option<SpanId>>]| {
+            let mut out: FxHashMap<TraceId, FxHashSet<SpanId>> = FxHashMap::default();
+            for (o, f) in opens.iter().zip(finished) {
+                if let Err(Some(span)) = f {
+                    out.entry(o.trace).or_default().insert(*span);
+                }
+            }
+            out
+        };
+        let retry = |finished: &mut [std::result::Result<u32, Option<SpanId>>],
+                     anchors: &Anchors,
+                     absent: &FxHashSet<(TraceId, SpanId)>,
+                     total: &mut RequestRollup| {
+            for (o, f) in opens.iter().zip(finished.iter_mut()) {
+                if matches!(f, Err(Some(_))) {
+                    *f = anchors.finish(total, absent, o.trace, o.exit, o.tuple);
+                }
+            }
+        };
+        // a chain may pass through a block out of range: the anchors of the other blocks of
+        // the traces left
+        let left = missing(&finished);
+        let mut locations: FxHashMap<TraceId, Vec<(BlockAddr, TraceEntry)>> = FxHashMap::default();
+        if !left.is_empty() {
+            let read: FxHashSet<BlockAddr> = blocks.iter().map(|(a, _)| *a).collect();
+            let mut others: BTreeSet<BlockAddr> = BTreeSet::new();
+            for trace in left.keys() {
+                let at = self.trace_locations_in(tenant, snapshot, trace)?;
+                others.extend(at.iter().map(|(a, _)| *a).filter(|a| !read.contains(a)));
+                locations.insert(*trace, at);
+            }
+            let traces: FxHashSet<TraceId> = left.keys().copied().collect();
+            for addr in others {
+                let Some(meta) = snapshot.blocks.get(&addr) else {
+                    continue;
+                };
+                if meta.column(col::ROLLUP_REQUESTS).is_none() {
+                    continue;
+                }
+                let mut block = Mapped::new(self.block_requests(tenant, addr, meta)?, total);
+                anchors.add_block(&mut block, total, slots, &traces);
+            }
+            retry(&mut finished, &anchors, &absent, total);
+        }
+        // a span that no row of its trace holds (a caller's span in a service that sends
+        // nothing: common for the root) ends the chain; told apart from a span carrying
+        // nothing by the span ids of the trace's rows
+        let left = missing(&finished);
+        if !left.is_empty() {
+            let mut present: FxHashSet<(TraceId, SpanId)> = FxHashSet::default();
+            let mut by_block: BTreeMap<BlockAddr, Vec<(u32, u32, TraceId)>> = BTreeMap::new();
+            for trace in left.keys() {
+                let at = match locations.remove(trace) {
+                    Some(at) => at,
+                    None => self.trace_locations_in(tenant, snapshot, trace)?,
+                };
+                for (addr, e) in at {
+                    by_block
+                        .entry(addr)
+                        .or_default()
+                        .push((e.row_start, e.rows, *trace));
+                }
+                for &i in head_traces.get(trace).into_iter().flatten() {
+                    present.insert((*trace, head[i].span_id));
+                }
+            }
+            for (addr, mut runs) in by_block {
+                let Some(meta) = snapshot.blocks.get(&addr) else {
+                    continue;
+                };
+                runs.sort_unstable_by_key(|r| r.0);
+                let mut set = RoaringBitmap::new();
+                for (start, n, _) in &runs {
+                    set.insert_range(*start..start + n);
+                }
+                let ids = self
+                    .block_reader(tenant, addr, meta)
+                    .span_ids(&Rows::Set(set))?;
+                let mut ids = ids.into_iter();
+                for (_, n, trace) in &runs {
+                    for id in ids.by_ref().take(*n as usize) {
+                        if left[trace].contains(&id) {
+                            present.insert((*trace, id));
+                        }
+                    }
+                }
+            }
+            for (trace, spans) in &left {
+                absent.extend(
+                    spans
+                        .iter()
+                        .filter(|s| !present.contains(&(*trace, **s)))
+                        .map(|s| (*trace, *s)),
+                );
+            }
+            retry(&mut finished, &anchors, &absent, total);
+        }
+        // a trace with any row left unfinished is resolved whole, every part of it
+        let whole: FxHashSet<TraceId> = opens
+            .iter()
+            .zip(&finished)
+            .filter(|(_, f)| f.is_err())
+            .map(|(o, _)| o.trace)
+            .collect();
+        Ok(opens
+            .iter()
+            .zip(finished)
+            .map(|(o, f)| f.ok().filter(|_| !whole.contains(&o.trace)))
+            .collect())
     }
 
     /// Counts the pending rows with their traces resolved whole.
     fn resolve_pending(
         &self,
-        tenant: &TenantId,
-        snapshot: &Snapshot,
-        (head, head_traces): (&[&SpanRecord], &FxHashMap<TraceId, Vec<usize>>),
+        reading: &Reading<'_>,
         pending: Pending,
-        slots: &[usize],
+        keep: &dyn Fn(&RequestRow) -> bool,
         total: &mut RequestRollup,
     ) -> Result<()> {
+        let Reading {
+            tenant,
+            snapshot,
+            head,
+            head_traces,
+            slots,
+        } = *reading;
         let (with_head, stored): (Vec<TraceId>, Vec<TraceId>) = pending
             .traces
             .iter()
@@ -200,9 +553,10 @@ impl Store {
             let s = head[i];
             let tuple = tuple_of(total, &s.trace_id, &s.span_id);
             total.spans[tuple as usize] += 1;
-            if crate::requests::is_request(s) {
-                total.requests.push(RequestRow::of(s, true, tuple));
-            }
+            let request = crate::requests::is_request(s)
+                .then(|| RequestRow::of(s, None, tuple))
+                .filter(|q| keep(q));
+            total.requests.extend(request);
         }
         // the open rows of each block of those traces, counted by their resolved values
         let mut by_block: BTreeMap<BlockAddr, Vec<TraceId>> = BTreeMap::new();

@@ -33,12 +33,22 @@ fn spans(seed: u64) -> Vec<SpanRecord> {
         g.parent_span_id = Some(id);
         spans.push(SpanRecord {
             span_id: id,
-            parent_span_id: None,
+            // one in four continues a caller's trace: its parent is never sent
+            parent_span_id: (i % 4 == 1).then(|| SpanId(rng.random::<[u8; 8]>().map(|b| b | 4))),
             name: "POST /v1/chat".into(),
             start: UnixNanos(r.start.0 - 1_000),
             end: UnixNanos(r.end.0 + 5_000 * (i as u64 % 7)),
             resource: gateway.clone(),
-            attributes: vec![],
+            // half the gateway spans carry a request value (an anchor its children's rows
+            // complete theirs from), half carry none (their trace is resolved whole)
+            attributes: if i % 2 == 0 {
+                vec![KeyValue::new(
+                    "gen_ai.provider.name",
+                    Value::Str("vllm".into()),
+                )]
+            } else {
+                vec![]
+            },
             events: vec![],
             links: vec![],
             status_code: if i % 5 == 0 {
@@ -196,6 +206,14 @@ type Keep = dyn Fn(&str, &str) -> bool;
 
 /// A request row as the naive walk sees it: ids, request values, TTFT.
 type WantRequest = (TraceId, SpanId, Vec<Option<String>>, Option<f64>);
+
+/// The values of a request table's tuple.
+fn tuple_strings(r: &crate::requests::RequestRollup, tuple: u32) -> Vec<Option<String>> {
+    r.tuples[tuple as usize]
+        .iter()
+        .map(|&v| (v != crate::requests::NONE).then(|| r.terms[v as usize].clone()))
+        .collect()
+}
 
 /// (second, log2 bucket) → (count, greatest trace id).
 type HeatCells = BTreeMap<(u64, i16), (u64, TraceId)>;
@@ -428,12 +446,7 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
             .unwrap()
             .expect("answered");
         let r = &table.rollup;
-        let strings = |tuple: u32| -> Vec<Option<String>> {
-            r.tuples[tuple as usize]
-                .iter()
-                .map(|&v| (v != crate::requests::NONE).then(|| r.terms[v as usize].clone()))
-                .collect()
-        };
+        let strings = |tuple: u32| tuple_strings(r, tuple);
         let mut got = Counts::new();
         for (i, n) in r.spans.iter().enumerate() {
             if *n > 0 {
@@ -456,7 +469,7 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
             .request_table(&t, Some(lo), Some(hi), false, &every)
             .unwrap()
             .expect("answered");
-        let in_range = want_requests
+        let in_range: Vec<WantRequest> = want_requests
             .iter()
             .filter(|q| {
                 let s = all
@@ -465,8 +478,16 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
                     .unwrap();
                 (lo..hi).contains(&s.start.0)
             })
-            .count();
-        assert_eq!(part.rollup.requests.len(), in_range);
+            .cloned()
+            .collect();
+        let r = &part.rollup;
+        let mut got: Vec<WantRequest> = r
+            .requests
+            .iter()
+            .map(|q| (q.trace, q.span, tuple_strings(r, q.tuple), q.ttft))
+            .collect();
+        got.sort_by_key(|a| (a.0, a.1));
+        assert_eq!(got, in_range);
         // with span counts, a range end inside a block is declined
         assert!(
             store
@@ -480,4 +501,91 @@ fn request_tables_agree_with_a_naive_ancestor_walk_over_blocks_head_and_merges()
     check(&store);
     assert!(store.merge_small_blocks().unwrap());
     check(&store);
+}
+
+#[test]
+fn request_tables_complete_open_rows_from_a_block_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), small_opts()).unwrap();
+    let t = tenant("a");
+    let span =
+        |trace: u8, id: u8, parent: Option<u8>, start: u64, attrs: Vec<KeyValue>| SpanRecord {
+            trace_id: TraceId([trace; 16]),
+            span_id: SpanId([id; 8]),
+            parent_span_id: parent.map(|p| SpanId([p; 8])),
+            name: format!("s{id}"),
+            kind: SpanKind::Server,
+            start: UnixNanos(start),
+            end: UnixNanos(start + 10),
+            attributes: attrs,
+            ..Default::default()
+        };
+    let s = |k: &str, v: &str| KeyValue::new(k, Value::Str(v.into()));
+    let request = || vec![s("gen_ai.request.model", "m"), s("worker.id", "w-7")];
+    // trace 3: the gateway span carries the provider, in a block of its own long before the
+    // rest, and continues a caller's trace (its parent, span 9, is never sent)
+    let gateway = span(
+        3,
+        1,
+        Some(9),
+        1_000,
+        vec![s("gen_ai.provider.name", "vllm")],
+    );
+    let generate = span(3, 2, Some(1), 1_000_000, request());
+    let token = span(3, 3, Some(2), 1_000_100, vec![]);
+    // trace 4: between the generate span and the gateway a span carrying nothing (the chain
+    // passes through it: the trace is resolved whole)
+    let gateway4 = span(4, 1, None, 1_000, vec![s("gen_ai.provider.name", "vllm")]);
+    let middle = span(4, 5, Some(1), 1_001, vec![]);
+    let generate4 = span(4, 2, Some(5), 1_000_000, request());
+    store.append(&t, vec![gateway, gateway4, middle]).unwrap();
+    store.flush(true).unwrap();
+    store
+        .append(&t, vec![generate, token.clone(), generate4])
+        .unwrap();
+    store.flush(true).unwrap();
+    let dims = crate::request::request_dims();
+    let slot = |name: &str| {
+        dims.iter()
+            .position(|&c| crate::schema::DEDICATED[c].name == name)
+            .unwrap()
+    };
+    // no span carries a model version: every chain goes up to its end
+    let slots = [
+        slot("gen_ai.provider.name"),
+        slot("worker.id"),
+        slot("llm.model_version"),
+    ];
+    let want = vec![Some("vllm".to_owned()), Some("w-7".to_owned()), None];
+    let counted = |r: &crate::requests::RequestRollup| -> Vec<(Vec<Option<String>>, u64)> {
+        (0..r.tuples.len())
+            .filter(|&i| r.spans[i] > 0)
+            .map(|i| (tuple_strings(r, i as u32), r.spans[i]))
+            .collect()
+    };
+    for spans in [false, true] {
+        let table = store
+            .request_table(&t, Some(500_000), None, spans, &slots)
+            .unwrap()
+            .expect("answered");
+        let r = &table.rollup;
+        assert_eq!(r.requests.len(), 2);
+        for q in &r.requests {
+            assert_eq!(tuple_strings(r, q.tuple), want);
+        }
+        if spans {
+            assert_eq!(counted(r), vec![(want.clone(), 3)]);
+        }
+    }
+    // the same through the head: the token span's values from the blocks' anchors
+    let late = SpanRecord {
+        span_id: SpanId([4; 8]),
+        ..token
+    };
+    store.append(&t, vec![late]).unwrap();
+    let table = store
+        .request_table(&t, Some(500_000), None, true, &slots)
+        .unwrap()
+        .expect("answered");
+    assert_eq!(counted(&table.rollup), vec![(want, 4)]);
 }
