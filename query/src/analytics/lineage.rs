@@ -19,6 +19,7 @@ use super::exec::Run;
 use super::params::{Groups, Params, Result, dim_exprs, groups, inherited, invalid, lit};
 use super::percentiles::json_number;
 use super::signals::REQUEST_SPANS;
+use crate::sql::percentile::of_sorted;
 
 pub const OPERATION_PARAMS: &[&str] = &["level", "exact"];
 pub const DIMENSION_PARAMS: &[&str] = &["dims"];
@@ -537,8 +538,8 @@ async fn dimensions_of_requests(
                 values: k.into_iter().map(|v| v.map(str::to_owned)).collect(),
                 requests: g.traces.len() as u64,
                 spans: g.spans,
-                p50_ms: percentile_cont(&g.durations, 0.5) / 1e6,
-                p99_ms: percentile_cont(&g.durations, 0.99) / 1e6,
+                p50_ms: of_sorted(&g.durations, 0.5) / 1e6,
+                p99_ms: of_sorted(&g.durations, 0.99) / 1e6,
                 error_rate: if reqs > 0 {
                     g.errors as f64 / reqs as f64
                 } else {
@@ -549,16 +550,6 @@ async fn dimensions_of_requests(
         .collect();
     out.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.values.cmp(&b.values)));
     Ok(Some(out))
-}
-
-/// The continuous percentile of sorted values (SQL's `percentile_cont`); NaN for none.
-fn percentile_cont(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let at = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo as f64)
 }
 
 impl Dimensions {

@@ -3,7 +3,9 @@
 //!
 //! By default from sketches ([`super::sketch`]): SQL counts the values of each (step, group)
 //! in their sketch bins, so only bins leave the scan, and every quantile is within the stated
-//! relative error. `exact=true` asks SQL for the exact `percentile_cont` instead.
+//! relative error. `exact=true` asks SQL for the exact `percentile_cont` instead. The request
+//! signals grouped and filtered by request dimensions read the blocks' request tables instead
+//! of SQL, binned (or, exact, interpolated) as SQL would.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,7 @@ use super::exec::{Run, steps};
 use super::params::{Groups, Params, Result, dim_exprs, groups, invalid};
 use super::signals::span_signal;
 use super::sketch::{RELATIVE_ERROR, Sketch, bin_sql};
+use crate::sql::percentile::of_sorted;
 
 pub const PARAMS: &[&str] = &["signal", "by", "step", "q", "exact"];
 
@@ -68,7 +71,28 @@ pub fn step_of(p: &Params) -> Result<std::time::Duration> {
     })
 }
 
-pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles> {
+pub async fn percentiles(run: &mut Run<'_>, p: Params) -> Result<Percentiles> {
+    percentiles_from(run, p, true).await
+}
+
+/// The SQL answer's series and the request tables' (`None` when they cannot answer), for
+/// tests.
+#[cfg(test)]
+pub async fn both_answers(
+    run: &mut Run<'_>,
+    p: Params,
+) -> Result<(Vec<Series>, Option<Vec<Series>>)> {
+    let sql = percentiles_from(run, p.clone(), false).await?;
+    let signal = span_signal(p.get("signal").unwrap_or("e2e"))?;
+    let ask = (quantiles(&p)?, p.flag("exact")?);
+    let dims = p.list_or("by", &[]);
+    let step = step_of(&p)?;
+    let tables = of_requests(run, &p, &signal.name, (&ask.0, ask.1), &dims, step).await?;
+    Ok((sql.series, tables))
+}
+
+/// [`percentiles`], from the request tables where they can answer when `tables`.
+async fn percentiles_from(run: &mut Run<'_>, mut p: Params, tables: bool) -> Result<Percentiles> {
     let signal = span_signal(p.get("signal").unwrap_or("e2e"))?;
     let qs = quantiles(&p)?;
     let exact = p.flag("exact")?;
@@ -78,12 +102,13 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
         steps(s, e, step, "step")?;
     }
     run.fit_rows(&mut p).await?;
-    if !exact && let Some(series) = of_requests(run, &p, &signal.name, &qs, &dims, step).await? {
+    let ask = (qs.as_slice(), exact);
+    if tables && let Some(series) = of_requests(run, &p, &signal.name, ask, &dims, step).await? {
         return Ok(Percentiles {
             signal: signal.name,
             unit: signal.unit,
             quantiles: qs,
-            relative_error: Some(RELATIVE_ERROR),
+            relative_error: (!exact).then_some(RELATIVE_ERROR),
             series,
             partial: run.partial,
         });
@@ -177,15 +202,16 @@ pub async fn percentiles(run: &mut Run<'_>, mut p: Params) -> Result<Percentiles
     })
 }
 
-/// The sketched quantiles of a request signal grouped by request dimensions, from the
-/// blocks' request tables (`weft_storage::requests`): the same values SQL computes, binned
-/// the same way. `None` when the tables cannot answer (another signal or group, a `service`
-/// or `name` filter, an `attr.` filter on anything but a request dimension).
+/// The quantiles of a request signal grouped by request dimensions, from the blocks' request
+/// tables (`weft_storage::requests`): the same values SQL computes, binned the same way, or
+/// (`exact`) interpolated as `percentile_cont` does. `None` when the tables cannot answer
+/// (another signal or group, a `service` or `name` filter, an `attr.` filter on anything but
+/// a request dimension).
 async fn of_requests(
     run: &mut Run<'_>,
     p: &Params,
     signal: &str,
-    qs: &[f64],
+    (qs, exact): (&[f64], bool),
     dims: &[String],
     step: std::time::Duration,
 ) -> Result<Option<Vec<Series>>> {
@@ -209,11 +235,11 @@ async fn of_requests(
     };
     let step = step.as_nanos() as u64;
     // per tuple its group (the tuple's values of the dims; `None`: filtered out), looked up
-    // once; per (group, step) a sketch
+    // once; per (group, step) its values or their sketch
     let mut group_of: Vec<Option<Option<usize>>> = vec![None; t.rollup.tuples.len()];
     let mut keys: Vec<Vec<Option<&str>>> = Vec::new();
     let mut key_index: BTreeMap<Vec<Option<&str>>, usize> = BTreeMap::new();
-    let mut sketches: FxHashMap<(usize, i64), Sketch> = FxHashMap::default();
+    let mut values: FxHashMap<(usize, i64), Values> = FxHashMap::default();
     for q in &t.rollup.requests {
         let Some(v) = of(q) else { continue };
         let group = *group_of[q.tuple as usize].get_or_insert_with(|| {
@@ -227,29 +253,34 @@ async fn of_requests(
         });
         let Some(group) = group else { continue };
         let at = (q.start_ns / step * step) as i64;
-        sketches.entry((group, at)).or_default().insert(v);
-    }
-    let mut groups: BTreeMap<&[Option<&str>], BTreeMap<i64, Sketch>> = BTreeMap::new();
-    for ((group, at), sketch) in sketches {
-        groups.entry(&keys[group]).or_default().insert(at, sketch);
+        let entry = values.entry((group, at)).or_insert_with(|| match exact {
+            true => Values::All(Vec::new()),
+            false => Values::Sketched(Sketch::default()),
+        });
+        match entry {
+            Values::All(all) => all.push(v),
+            Values::Sketched(sketch) => sketch.insert(v),
+        }
     }
     type Points = Vec<(i64, Vec<f64>)>;
     let mut series: BTreeMap<BTreeMap<String, String>, Points> = BTreeMap::new();
-    for (key, points) in groups {
+    for ((group, at), values) in values {
         let labels: BTreeMap<String, String> = dims
             .iter()
-            .zip(key)
+            .zip(&keys[group])
             .filter_map(|(d, v)| Some((d.clone(), (*v)?.to_owned())))
             .collect();
-        let s = series.entry(labels).or_default();
-        for (at, sketch) in points {
-            s.push((
-                at,
-                qs.iter()
-                    .map(|q| sketch.quantile(*q).unwrap_or(f64::NAN))
-                    .collect(),
-            ));
-        }
+        let quantiles = match values {
+            Values::All(mut all) => {
+                all.sort_unstable_by(f64::total_cmp);
+                qs.iter().map(|q| of_sorted(&all, *q)).collect()
+            }
+            Values::Sketched(sketch) => qs
+                .iter()
+                .map(|q| sketch.quantile(*q).unwrap_or(f64::NAN))
+                .collect(),
+        };
+        series.entry(labels).or_default().push((at, quantiles));
     }
     Ok(Some(
         series
@@ -260,6 +291,12 @@ async fn of_requests(
             })
             .collect(),
     ))
+}
+
+/// The values of one (group, step): all of them (exact) or their sketch.
+enum Values {
+    All(Vec<f64>),
+    Sketched(Sketch),
 }
 
 /// A quantile as the answers name it (`0.5`, `0.99`).

@@ -9,7 +9,7 @@ pub mod functions;
 mod log2bucket;
 pub mod logs;
 mod metrics;
-mod percentile;
+pub(crate) mod percentile;
 mod percentiles;
 pub mod pg_catalog;
 pub mod plans;

@@ -193,11 +193,27 @@ impl PercentileGroups {
     }
 }
 
+/// DataFusion quantises the interpolation weight to millionths.
+const PRECISION: f64 = 1_000_000.0;
+
+/// The `p` percentile of values sorted ascending, as [`select`] finds it (NaN when there are
+/// none): what the analytics compute outside SQL answers as SQL would.
+pub fn of_sorted(sorted: &[f64], p: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return f64::NAN;
+    };
+    let index = p * last as f64;
+    let (lo, hi) = (index.floor() as usize, index.ceil() as usize);
+    if lo == hi || !(0.0..1.0).contains(&p) {
+        return sorted[lo.min(last)];
+    }
+    let weight = ((index - lo as f64) * PRECISION) as usize as f64 / PRECISION;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * weight
+}
+
 /// The `p` percentile of `values` (reordered in place), interpolated as DataFusion's
 /// `percentile_cont` interpolates, to the same bit.
 fn select(values: &mut [f64], p: f64) -> Option<f64> {
-    /// DataFusion quantises the interpolation weight to millionths.
-    const PRECISION: f64 = 1_000_000.0;
     let len = values.len();
     match len {
         0 => return None,

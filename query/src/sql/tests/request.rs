@@ -446,6 +446,8 @@ fn decode_anomaly_series_and_attribution_from_rollups_and_postings_match_sql() {
 fn request_traces(seed: u64) -> Vec<(u8, SpanRecord)> {
     let groups = token_traces(seed);
     let mut rng = StdRng::seed_from_u64(seed + 2);
+    // the decode attributes from a generator of their own (the others' draws unchanged)
+    let mut decode = StdRng::seed_from_u64(seed + 3);
     groups
         .into_iter()
         .map(|(g, mut s)| {
@@ -475,6 +477,19 @@ fn request_traces(seed: u64) -> Vec<(u8, SpanRecord)> {
                 }
                 if slow || rng.random_bool(0.1) {
                     s.status_code = StatusCode::Error;
+                }
+                // decode time and output tokens (none, or zero tokens, now and then)
+                if decode.random_bool(0.8) {
+                    s.attributes.extend([
+                        KeyValue::new(
+                            "gen_ai.latency.time_in_model_decode",
+                            Value::Double(decode.random_range(0.0..2.0)),
+                        ),
+                        KeyValue::new(
+                            "gen_ai.usage.output_tokens",
+                            Value::Int(decode.random_range(0..300)),
+                        ),
+                    ]);
                 }
             }
             (g, s)
@@ -545,6 +560,63 @@ fn request_anomaly_series_and_attribution_from_one_read_match_sql() {
                         assert_eq!((&x.dimension, &x.value), (&y.dimension, &y.value));
                         assert!((x.lift - y.lift).abs() <= 1e-9 * y.lift, "{x:?} vs {y:?}");
                         assert!((x.share_of_excess - y.share_of_excess).abs() <= 1e-9);
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn request_percentiles_from_request_tables_match_sql() {
+    use crate::analytics::exec::Run;
+    use crate::analytics::params::Params;
+    use crate::analytics::percentiles::both_answers;
+    let tenant = TenantId::default_tenant();
+    let groups = request_traces(11);
+    let all: Vec<SpanRecord> = groups.iter().map(|(_, s)| s.clone()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of(dir.path(), &groups, &tenant);
+    let f = fixture_of(dir, store, all);
+    let s = 1_000_000_000;
+    block_on(async {
+        let mut run = Run::plain(&f.engine, &f.tenant);
+        for range in [(None, None), (Some(BASE + 15 * s + 7), Some(BASE + 55 * s))] {
+            for signal in ["ttft", "e2e", "tpot", "tokens_per_s"] {
+                for exact in ["false", "true"] {
+                    for by in ["llm.model_version,worker.id", ""] {
+                        let pairs = [
+                            ("signal", signal),
+                            ("by", by),
+                            ("step", "10s"),
+                            ("q", "0.5,0.9,0.99"),
+                            ("exact", exact),
+                        ];
+                        let pairs = pairs
+                            .iter()
+                            .filter(|(_, v)| !v.is_empty())
+                            .map(|(k, v)| (k.to_string(), v.to_string()));
+                        let mut p =
+                            Params::parse(pairs, crate::analytics::percentiles::PARAMS).unwrap();
+                        (p.start, p.end) = range;
+                        let what = format!("{signal} exact={exact} by={by} {range:?}");
+                        let (sql, tables) = both_answers(&mut run, p).await.unwrap();
+                        let tables = tables.unwrap_or_else(|| panic!("{what}: tables declined"));
+                        assert!(!sql.is_empty(), "{what}");
+                        assert_eq!(tables.len(), sql.len(), "{what}");
+                        for (a, b) in tables.iter().zip(&sql) {
+                            assert_eq!(a.labels, b.labels, "{what}");
+                            assert_eq!(a.points.len(), b.points.len(), "{what}: {a:?}");
+                            for (x, y) in a.points.iter().zip(&b.points) {
+                                assert_eq!(x.0, y.0, "{what}");
+                                for (u, v) in x.1.iter().zip(&y.1) {
+                                    assert!(
+                                        (u - v).abs() <= 1e-9 * v.abs(),
+                                        "{what}: {x:?} vs {y:?}"
+                                    );
+                                }
+                            }
+                        }
                     }
                 }
             }
