@@ -162,7 +162,15 @@ pub struct RequestRollup {
 }
 
 impl RequestRollup {
+    /// The index of a term, added when new.
     pub fn term(&mut self, term: &str) -> u32 {
+        if self.term_index.len() != self.terms.len() {
+            // a decoded rollup has no index until it is added to
+            self.term_index = (0..)
+                .zip(&self.terms)
+                .map(|(i, t)| (t.clone(), i))
+                .collect();
+        }
         if let Some(&i) = self.term_index.get(term) {
             return i;
         }
@@ -174,6 +182,12 @@ impl RequestRollup {
 
     /// The index of a tuple of term indexes, added when new.
     pub fn tuple(&mut self, tuple: &[u32]) -> u32 {
+        if self.tuple_index.len() != self.tuples.len() {
+            self.tuple_index = (0..)
+                .zip(&self.tuples)
+                .map(|(i, t)| (t.clone(), i))
+                .collect();
+        }
         if let Some(&i) = self.tuple_index.get(tuple) {
             return i;
         }
@@ -330,21 +344,19 @@ impl RequestRollup {
             )));
         }
         let mut out = Self::default();
+        // pushed as they come, without the indexes (a reader maps them; `term` and `tuple`
+        // build the indexes if the rollup is ever added to)
         let n_terms = r.u64()?;
         for _ in 0..n_terms {
-            let t = r.string()?;
-            out.term(&t);
-        }
-        if out.terms.len() as u64 != n_terms {
-            return Err(corrupt("a term twice".into()));
+            out.terms.push(r.string()?);
         }
         let d = r.u64()? as usize;
         if d > 64 {
             return Err(corrupt(format!("{d} dimensions")));
         }
         let n_tuples = r.u64()?;
-        let mut tuple = vec![NONE; d];
         for _ in 0..n_tuples {
+            let mut tuple = vec![NONE; d];
             for slot in tuple.iter_mut() {
                 let v = r.u64()?;
                 *slot = match v {
@@ -353,11 +365,8 @@ impl RequestRollup {
                     v => return Err(corrupt(format!("term {v} of {n_terms}"))),
                 };
             }
-            let i = out.tuple(&tuple);
-            out.spans[i as usize] += r.u64()?;
-        }
-        if out.tuples.len() as u64 != n_tuples {
-            return Err(corrupt("a tuple twice".into()));
+            out.tuples.push(tuple);
+            out.spans.push(r.u64()?);
         }
         let tuple_id = |r: &mut Reader| -> Result<u32> {
             let t = r.u64()?;
@@ -441,10 +450,14 @@ impl RequestRollup {
         Ok(out)
     }
 
-    /// What the rollup takes in memory, about.
+    /// What the rollup takes in memory, about (decoded: without indexes).
     pub fn weight(&self) -> usize {
-        let terms: usize = self.terms.iter().map(|t| 2 * (48 + t.len())).sum();
-        let tuples: usize = self.tuples.iter().map(|t| 2 * (32 + 4 * t.len()) + 8).sum();
+        let indexed = |n: usize| if n == 0 { 1 } else { 2 };
+        let terms: usize =
+            self.terms.iter().map(|t| 48 + t.len()).sum::<usize>() * indexed(self.term_index.len());
+        let tuples: usize = self.tuples.iter().map(|t| 32 + 4 * t.len()).sum::<usize>()
+            * indexed(self.tuple_index.len())
+            + 8 * self.spans.len();
         128 + terms
             + tuples
             + self.open.len() * std::mem::size_of::<OpenSpans>()
@@ -533,6 +546,14 @@ mod tests {
         assert_eq!(back.open, r.open);
         assert_eq!(back.requests, r.requests);
         assert_eq!(back.anchors, r.anchors);
+        // decoded without indexes: adding to it finds what it holds
+        let mut back = back;
+        assert_eq!(back.tuple(&r.tuples[1]), 1);
+        assert_eq!(back.term(&r.terms[0]), 0);
+        assert_eq!(
+            (back.tuples.len(), back.terms.len()),
+            (r.tuples.len(), r.terms.len())
+        );
         assert!(RequestRollup::decode(&[9]).is_err());
         // version 1: no exits and no anchors (here without open rows or requests, so its
         // bytes are version 2's less the anchors' count)

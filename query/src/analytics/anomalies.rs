@@ -275,11 +275,36 @@ pub async fn anomalies(run: &mut Run<'_>, mut p: Params, store: Arc<Store>) -> R
             .collect(),
         state: None,
     };
+    // decode latency reads the blocks (off the runtime's threads) while the request spans
+    // are read through SQL: the two biggest parts of a scan of every signal, side by side
+    let mut decoded = None;
+    if !frames.signals.is_empty()
+        && let Some(decode) = signals
+            .iter()
+            .find(|s| matches!(s.as_str(), "itl" | "decode_latency"))
+    {
+        let mut fork = run.fork();
+        let mut none = Frames {
+            signals: Vec::new(),
+            state: None,
+        };
+        let (read, found) = tokio::join!(
+            frames.get(&mut fork, &p, &dims),
+            span_incidents(run, &p, decode, step_ns, sensitivity, &dims, &mut none)
+        );
+        read?;
+        run.join(fork);
+        decoded = Some((decode.clone(), found?));
+    }
     let mut incidents = Vec::new();
     for signal in &signals {
         if run.left().is_zero() {
             run.partial = true;
             break;
+        }
+        if let Some((_, found)) = decoded.take_if(|(s, _)| s == signal) {
+            incidents.extend(found);
+            continue;
         }
         let found = match signal.as_str() {
             "gpu_memory" | "gpu_util" | "kv_cache" => {

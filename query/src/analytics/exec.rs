@@ -42,6 +42,22 @@ impl<'a> Run<'a> {
         Self::new(engine, tenant, &Params::default())
     }
 
+    /// The same call for work run beside this one's (its `partial` to be added back with
+    /// [`Self::join`]).
+    pub fn fork(&self) -> Self {
+        Self {
+            engine: self.engine,
+            tenant: self.tenant,
+            deadline: self.deadline,
+            partial: false,
+        }
+    }
+
+    /// Takes back what a [`Self::fork`] found: whether a budget stopped it.
+    pub fn join(&mut self, fork: Run<'a>) {
+        self.partial |= fork.partial;
+    }
+
     /// Time left of the call's budget.
     pub fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())

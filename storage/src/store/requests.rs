@@ -17,7 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeSet;
 
 /// Decoded block request rollups kept in memory, in bytes.
-pub const REQUESTS_CACHE_BYTES: usize = 32 << 20;
+pub const REQUESTS_CACHE_BYTES: usize = 64 << 20;
 
 /// Anchor hops an open row's values may take before its trace is resolved whole instead (a
 /// longer chain of spans carrying values is a parent cycle).
