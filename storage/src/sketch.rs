@@ -127,9 +127,51 @@ impl Sketch {
     }
 }
 
+/// What [`Sketch::quantile`] answers for the values `sorted` (ascending by
+/// [`sketch_order`]) had they been inserted, to the bit, without the bins: the values at the
+/// ranks either side stand for their bins.
+pub fn quantile_of_sorted(sorted: &[f64], q: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = q.clamp(0.0, 1.0) * last as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let (a, b) = (bin_value(bin_of(sorted[lo])), bin_value(bin_of(sorted[hi])));
+    Some(a + (rank - lo as f64) * (b - a))
+}
+
+/// A value as it orders among a sketch's bins: zero, negative and NaN values all fall in
+/// [`ZERO_BIN`], below every other, as zero.
+pub fn sketch_order(value: f64) -> f64 {
+    if value > 0.0 { value } else { 0.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_of_sorted_values_are_the_sketch_answers() {
+        let mut values: Vec<f64> = (0..2_000)
+            .map(|i| match i % 97 {
+                0 => 0.0,
+                1 => -3.0,
+                2 => f64::NAN,
+                _ => ((i * 7919) % 1_000) as f64 / 7.0 + 0.01,
+            })
+            .collect();
+        for n in [1, 2, 3, 10, 500, values.len()] {
+            let mut s = Sketch::default();
+            let mut sorted: Vec<f64> = values[..n].iter().map(|v| sketch_order(*v)).collect();
+            for v in &values[..n] {
+                s.insert(*v);
+            }
+            sorted.sort_unstable_by(f64::total_cmp);
+            for q in [0.0, 0.01, 0.5, 0.9, 0.99, 0.999, 1.0] {
+                assert_eq!(quantile_of_sorted(&sorted, q), s.quantile(q), "{n} {q}");
+            }
+        }
+        values.clear();
+        assert_eq!(quantile_of_sorted(&values, 0.5), None);
+    }
 
     #[test]
     fn quantiles_are_within_the_relative_error() {

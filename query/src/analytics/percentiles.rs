@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::exec::{Run, steps};
 use super::params::{Groups, Params, Result, dim_exprs, groups, invalid};
 use super::signals::span_signal;
-use super::sketch::{RELATIVE_ERROR, Sketch, bin_sql};
+use super::sketch::{RELATIVE_ERROR, Sketch, bin_sql, quantile_of_sorted, sketch_order};
 use crate::sql::percentile::of_sorted;
 
 pub const PARAMS: &[&str] = &["signal", "by", "step", "q", "exact"];
@@ -239,7 +239,7 @@ async fn of_requests(
     let mut group_of: Vec<Option<Option<usize>>> = vec![None; t.rollup.tuples.len()];
     let mut keys: Vec<Vec<Option<&str>>> = Vec::new();
     let mut key_index: BTreeMap<Vec<Option<&str>>, usize> = BTreeMap::new();
-    let mut values: FxHashMap<(usize, i64), Values> = FxHashMap::default();
+    let mut values: FxHashMap<(usize, i64), Vec<f64>> = FxHashMap::default();
     for q in &t.rollup.requests {
         let Some(v) = of(q) else { continue };
         let group = *group_of[q.tuple as usize].get_or_insert_with(|| {
@@ -253,14 +253,10 @@ async fn of_requests(
         });
         let Some(group) = group else { continue };
         let at = (q.start_ns / step * step) as i64;
-        let entry = values.entry((group, at)).or_insert_with(|| match exact {
-            true => Values::All(Vec::new()),
-            false => Values::Sketched(Sketch::default()),
-        });
-        match entry {
-            Values::All(all) => all.push(v),
-            Values::Sketched(sketch) => sketch.insert(v),
-        }
+        // sketched quantiles from the values sorted as their bins are (the same answers as
+        // the bins': no bins built)
+        let v = if exact { v } else { sketch_order(v) };
+        values.entry((group, at)).or_default().push(v);
     }
     type Points = Vec<(i64, Vec<f64>)>;
     let mut series: BTreeMap<BTreeMap<String, String>, Points> = BTreeMap::new();
@@ -270,16 +266,15 @@ async fn of_requests(
             .zip(&keys[group])
             .filter_map(|(d, v)| Some((d.clone(), (*v)?.to_owned())))
             .collect();
-        let quantiles = match values {
-            Values::All(mut all) => {
-                all.sort_unstable_by(f64::total_cmp);
-                qs.iter().map(|q| of_sorted(&all, *q)).collect()
-            }
-            Values::Sketched(sketch) => qs
-                .iter()
-                .map(|q| sketch.quantile(*q).unwrap_or(f64::NAN))
-                .collect(),
-        };
+        let mut sorted = values;
+        sorted.sort_unstable_by(f64::total_cmp);
+        let quantiles = qs
+            .iter()
+            .map(|&q| match exact {
+                true => of_sorted(&sorted, q),
+                false => quantile_of_sorted(&sorted, q).unwrap_or(f64::NAN),
+            })
+            .collect();
         series.entry(labels).or_default().push((at, quantiles));
     }
     Ok(Some(
@@ -291,12 +286,6 @@ async fn of_requests(
             })
             .collect(),
     ))
-}
-
-/// The values of one (group, step): all of them (exact) or their sketch.
-enum Values {
-    All(Vec<f64>),
-    Sketched(Sketch),
 }
 
 /// A quantile as the answers name it (`0.5`, `0.99`).

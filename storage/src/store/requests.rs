@@ -229,9 +229,15 @@ impl Store {
             |total: &RequestRollup, tuple: u32| total.tuples[tuple as usize].contains(&NONE);
         let mut opens: Vec<Open> = Vec::new();
         let mut blocks: Vec<(BlockAddr, Mapped)> = Vec::with_capacity(in_range.len());
-        for (addr, meta) in in_range {
-            let mut block = Mapped::new(self.block_requests(tenant, addr, meta)?, &mut total);
-            let rollup = block.rollup.clone();
+        let rollups = in_range
+            .into_iter()
+            .map(|(addr, meta)| Ok((addr, self.block_requests(tenant, addr, meta)?)))
+            .collect::<Result<Vec<_>>>()?;
+        total
+            .requests
+            .reserve(rollups.iter().map(|(_, r)| r.requests.len()).sum());
+        for (addr, rollup) in rollups {
+            let mut block = Mapped::new(rollup.clone(), &mut total);
             if spans {
                 for (i, n) in rollup.spans.iter().enumerate() {
                     if *n > 0 {
