@@ -292,7 +292,7 @@ impl Store {
         for (trace, rows) in &head_traces {
             let spans_of: Vec<&SpanRecord> = rows.iter().map(|&i| head[i]).collect();
             // an open head row may leave by a span in a block (whether the trace has rows in
-            // one is not known here: a chain that finds no anchor is resolved whole)
+            // one is not known here): its chain is followed as a block's rows' is
             let resolved = request::resolve(&spans_of);
             for (&i, r) in rows.iter().zip(resolved) {
                 let s = head[i];
