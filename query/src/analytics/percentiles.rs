@@ -253,7 +253,7 @@ async fn of_requests(
         });
         let Some(group) = group else { continue };
         let at = (q.start_ns / step * step) as i64;
-        // sketched quantiles from the values sorted as their bins are (the same answers as
+        // sketched quantiles from the values ordered as their bins are (the same answers as
         // the bins': no bins built)
         let v = if exact { v } else { sketch_order(v) };
         values.entry((group, at)).or_default().push(v);
@@ -266,13 +266,13 @@ async fn of_requests(
             .zip(&keys[group])
             .filter_map(|(d, v)| Some((d.clone(), (*v)?.to_owned())))
             .collect();
-        let mut sorted = values;
-        sorted.sort_unstable_by(f64::total_cmp);
+        let mut placed = values;
+        place_ranks(&mut placed, qs);
         let quantiles = qs
             .iter()
             .map(|&q| match exact {
-                true => of_sorted(&sorted, q),
-                false => quantile_of_sorted(&sorted, q).unwrap_or(f64::NAN),
+                true => of_sorted(&placed, q),
+                false => quantile_of_sorted(&placed, q).unwrap_or(f64::NAN),
             })
             .collect();
         series.entry(labels).or_default().push((at, quantiles));
@@ -286,6 +286,30 @@ async fn of_requests(
             })
             .collect(),
     ))
+}
+
+/// Puts at each rank that a quantile of `qs` reads (those either side of `q × (n − 1)`) the
+/// value a sort would put there, selecting instead of sorting: the quantiles of the values
+/// are then read as of sorted ones.
+fn place_ranks(values: &mut [f64], qs: &[f64]) {
+    let Some(last) = values.len().checked_sub(1) else {
+        return;
+    };
+    let mut ranks: Vec<usize> = qs
+        .iter()
+        .flat_map(|q| {
+            let rank = q.clamp(0.0, 1.0) * last as f64;
+            [rank.floor() as usize, rank.ceil() as usize]
+        })
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    // each selection leaves what is above its rank to its right: the next rank is there
+    let mut from = 0;
+    for rank in ranks {
+        values[from..].select_nth_unstable_by(rank - from, f64::total_cmp);
+        from = rank + 1;
+    }
 }
 
 /// A quantile as the answers name it (`0.5`, `0.99`).
@@ -330,4 +354,29 @@ impl Percentiles {
 /// A float as JSON (NaN and infinities as null).
 pub fn json_number(v: f64) -> Value {
     if v.is_finite() { json!(v) } else { Value::Null }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placed_ranks_hold_what_a_sort_puts_there() {
+        let qs = [0.0, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0];
+        for n in [1, 2, 3, 7, 100, 1001] {
+            let values: Vec<f64> = (0..n).map(|i| ((i * 7919) % 613) as f64 / 3.0).collect();
+            let mut sorted = values.clone();
+            sorted.sort_unstable_by(f64::total_cmp);
+            let mut placed = values;
+            place_ranks(&mut placed, &qs);
+            for q in qs {
+                assert_eq!(of_sorted(&placed, q), of_sorted(&sorted, q), "{n} {q}");
+                assert_eq!(
+                    quantile_of_sorted(&placed, q),
+                    quantile_of_sorted(&sorted, q),
+                    "{n} {q}"
+                );
+            }
+        }
+    }
 }

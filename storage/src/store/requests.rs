@@ -69,6 +69,8 @@ struct Mapped {
     rollup: Arc<RequestRollup>,
     terms: Vec<u32>,
     tuples: Vec<u32>,
+    /// A projected tuple being looked up.
+    scratch: Vec<u32>,
 }
 
 impl Mapped {
@@ -79,6 +81,7 @@ impl Mapped {
             rollup,
             terms,
             tuples,
+            scratch: Vec::new(),
         }
     }
 
@@ -87,14 +90,12 @@ impl Mapped {
         let slot = &mut self.tuples[i as usize];
         if *slot == NONE {
             let tuple = &self.rollup.tuples[i as usize];
-            let mapped: Vec<u32> = slots
-                .iter()
-                .map(|&s| match tuple[s] {
-                    NONE => NONE,
-                    v => self.terms[v as usize],
-                })
-                .collect();
-            *slot = total.tuple(&mapped);
+            self.scratch.clear();
+            self.scratch.extend(slots.iter().map(|&s| match tuple[s] {
+                NONE => NONE,
+                v => self.terms[v as usize],
+            }));
+            *slot = total.tuple(&self.scratch);
         }
         *slot
     }
