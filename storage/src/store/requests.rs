@@ -4,9 +4,10 @@
 //! their part resolved when their trace has no rows elsewhere. Otherwise the values they lack
 //! come from the span they leave by, found among the blocks' anchors (the spans carrying
 //! request values: their tuple, and where they leave their own block by), one hop after the
-//! other; a trace whose chain passes through a span that is no anchor (or never arrived, or a
-//! version 1 block) is resolved whole, as the `"request.D"` columns are, so that the answer is
-//! theirs.
+//! other; a span that no row of the trace holds (a caller's span, never sent) ends the chain.
+//! A trace whose chain passes through a span carrying nothing (or whose rows are in a version
+//! 1 block, without exits) is resolved whole, as the `"request.D"` columns are, so that the
+//! answer is theirs.
 
 use super::*;
 use crate::block::writer::col;
