@@ -35,7 +35,7 @@ use crate::model::{SpanId, SpanKind, SpanRecord, StatusCode, TraceId, Value};
 use crate::request::dedicated_value;
 use crate::schema::DEDICATED;
 
-/// Version of the encoded rollup: 2 adds exits and anchors.
+/// Version of the encoded rollup: 2 adds exits and anchors, and writes each trace id once.
 pub const REQUESTS_VERSION: u8 = 2;
 
 /// A tuple entry without a value.
@@ -283,6 +283,21 @@ impl RequestRollup {
             }
             w.u64(*spans);
         }
+        // each trace id once (a request's trace is its anchors' and open rows' too), then
+        // referred to by its place
+        let mut traces: HashMap<TraceId, u64> = HashMap::default();
+        let order: Vec<TraceId> = (self.open.iter().map(|o| o.trace))
+            .chain(self.requests.iter().map(|q| q.trace))
+            .chain(self.anchors.iter().map(|a| a.trace))
+            .filter(|t| {
+                let next = traces.len() as u64;
+                *traces.entry(*t).or_insert(next) == next
+            })
+            .collect();
+        w.u64(order.len() as u64);
+        for t in &order {
+            w.raw(&t.0);
+        }
         let opt_id = |w: &mut Writer, v: Option<SpanId>| match v {
             Some(id) => {
                 w.buf.push(1);
@@ -292,7 +307,7 @@ impl RequestRollup {
         };
         w.u64(self.open.len() as u64);
         for o in &self.open {
-            w.raw(&o.trace.0);
+            w.u64(traces[&o.trace]);
             opt_id(&mut w, o.exit);
             w.u64(o.tuple.into());
             w.u64(o.spans);
@@ -306,7 +321,7 @@ impl RequestRollup {
             None => w.buf.push(0),
         };
         for q in &self.requests {
-            w.raw(&q.trace.0);
+            w.u64(traces[&q.trace]);
             w.raw(&q.span.0);
             w.u64(q.start_ns);
             w.u64(q.duration_ns);
@@ -326,7 +341,7 @@ impl RequestRollup {
         }
         w.u64(self.anchors.len() as u64);
         for a in &self.anchors {
-            w.raw(&a.trace.0);
+            w.u64(traces[&a.trace]);
             w.raw(&a.span.0);
             opt_id(&mut w, a.exit);
             w.u64(a.tuple.into());
@@ -375,7 +390,23 @@ impl RequestRollup {
             }
             Ok(t as u32)
         };
-        // exits from version 2
+        // from version 2: the trace ids once, referred to by their place; exits
+        let mut traces: Vec<TraceId> = Vec::new();
+        if version >= 2 {
+            for _ in 0..r.u64()? {
+                traces.push(TraceId(r.raw(16)?.try_into().expect("16 bytes")));
+            }
+        }
+        let trace_id = |r: &mut Reader| -> Result<TraceId> {
+            if version < 2 {
+                return Ok(TraceId(r.raw(16)?.try_into().expect("16 bytes")));
+            }
+            let at = r.u64()?;
+            traces
+                .get(at as usize)
+                .copied()
+                .ok_or_else(|| corrupt(format!("trace {at} of {}", traces.len())))
+        };
         let opt_id = |r: &mut Reader| -> Result<Option<SpanId>> {
             if version < 2 {
                 return Ok(None);
@@ -386,7 +417,7 @@ impl RequestRollup {
             })
         };
         for _ in 0..r.u64()? {
-            let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+            let trace = trace_id(&mut r)?;
             let exit = opt_id(&mut r)?;
             let tuple = tuple_id(&mut r)?;
             let spans = r.u64()?;
@@ -404,7 +435,7 @@ impl RequestRollup {
             })
         };
         for _ in 0..r.u64()? {
-            let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+            let trace = trace_id(&mut r)?;
             let span = SpanId(r.raw(8)?.try_into().expect("8 bytes"));
             let start_ns = r.u64()?;
             let duration_ns = r.u64()?;
@@ -435,7 +466,7 @@ impl RequestRollup {
         }
         if version >= 2 {
             for _ in 0..r.u64()? {
-                let trace = TraceId(r.raw(16)?.try_into().expect("16 bytes"));
+                let trace = trace_id(&mut r)?;
                 let span = SpanId(r.raw(8)?.try_into().expect("8 bytes"));
                 let exit = opt_id(&mut r)?;
                 let tuple = tuple_id(&mut r)?;
@@ -555,13 +586,14 @@ mod tests {
             (r.tuples.len(), r.terms.len())
         );
         assert!(RequestRollup::decode(&[9]).is_err());
-        // version 1: no exits and no anchors (here without open rows or requests, so its
-        // bytes are version 2's less the anchors' count)
+        // version 1: no trace table, exits or anchors (here without open rows or requests,
+        // so its bytes are version 2's less two of its four closing zero counts)
         let mut spans_only = RequestRollup::default();
         let t = spans_only.tuple_of(&values[..d]);
         spans_only.spans[t as usize] = 3;
         let mut v1 = spans_only.encode();
-        assert_eq!(v1.pop(), Some(0));
+        assert_eq!(v1[v1.len() - 5..], [3, 0, 0, 0, 0]);
+        v1.truncate(v1.len() - 2);
         v1[0] = 1;
         assert_eq!(RequestRollup::decode(&v1).unwrap().spans, vec![3]);
         assert!(RequestRollup::decode(&r.encode()[..20]).is_err());
