@@ -107,8 +107,7 @@ impl Sketch {
         if self.count == 0 {
             return None;
         }
-        let rank = q.clamp(0.0, 1.0) * (self.count - 1) as f64;
-        let (lo, hi) = (rank.floor() as u64, rank.ceil() as u64);
+        let (rank, lo, hi) = ranks(self.count - 1, q);
         let (mut at_lo, mut at_hi) = (None, None);
         let mut seen = 0;
         for (b, n) in &self.bins {
@@ -132,10 +131,19 @@ impl Sketch {
 /// ranks either side stand for their bins.
 pub fn quantile_of_sorted(sorted: &[f64], q: f64) -> Option<f64> {
     let last = sorted.len().checked_sub(1)?;
-    let rank = q.clamp(0.0, 1.0) * last as f64;
-    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-    let (a, b) = (bin_value(bin_of(sorted[lo])), bin_value(bin_of(sorted[hi])));
+    let (rank, lo, hi) = ranks(last as u64, q);
+    let (a, b) = (
+        bin_value(bin_of(sorted[lo as usize])),
+        bin_value(bin_of(sorted[hi as usize])),
+    );
     Some(a + (rank - lo as f64) * (b - a))
+}
+
+/// The rank of quantile `q` among values ranked 0 to `last`, and the ranks either side (what
+/// both readings of a sketch interpolate between).
+fn ranks(last: u64, q: f64) -> (f64, u64, u64) {
+    let rank = q.clamp(0.0, 1.0) * last as f64;
+    (rank, rank.floor() as u64, rank.ceil() as u64)
 }
 
 /// A value as it orders among a sketch's bins: zero, negative and NaN values all fall in

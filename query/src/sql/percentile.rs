@@ -207,8 +207,14 @@ pub fn of_sorted(sorted: &[f64], p: f64) -> f64 {
     if lo == hi || !(0.0..1.0).contains(&p) {
         return sorted[lo.min(last)];
     }
-    let weight = ((index - lo as f64) * PRECISION) as usize as f64 / PRECISION;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * weight
+    between(sorted[lo], sorted[hi], index)
+}
+
+/// The value at fractional place `index` between the values at its floor and its ceiling,
+/// the weight quantised as DataFusion quantises it.
+fn between(lower: f64, upper: f64, index: f64) -> f64 {
+    let weight = ((index - index.floor()) * PRECISION) as usize as f64 / PRECISION;
+    lower + (upper - lower) * weight
 }
 
 /// The `p` percentile of `values` (reordered in place), interpolated as DataFusion's
@@ -235,8 +241,7 @@ fn select(values: &mut [f64], p: f64) -> Option<f64> {
     }
     // everything above the lower value's place is at least it: the next value up is their least
     let upper = above.iter().copied().min_by(f64::total_cmp)?;
-    let weight = ((index - lo as f64) * PRECISION) as usize as f64 / PRECISION;
-    Some(lower + (upper - lower) * weight)
+    Some(between(lower, upper, index))
 }
 
 /// A null buffer from per-row validity, or none where every row is valid.

@@ -201,7 +201,8 @@ impl Store {
     }
 
     /// [`Self::request_table`] with only the request rows that `keep` keeps (a percentile of
-    /// TTFT has no use for rows without one, and their values need not be resolved).
+    /// TTFT has no use for rows without one, and their values need not be resolved); `keep`
+    /// judges a row by its own fields, not by its tuple.
     pub fn request_table_of(
         &self,
         tenant: &TenantId,
@@ -298,17 +299,24 @@ impl Store {
             let resolved = request::resolve(&spans_of);
             for (&i, r) in rows.iter().zip(resolved) {
                 let s = head[i];
-                let values: Vec<Option<&Value>> = slots.iter().map(|&s| r.values[s]).collect();
-                let tuple = total.tuple_of(&values);
-                if request::carries(s) {
-                    head_anchors.push((*trace, s.span_id, tuple, r.exit));
-                }
+                let carries = request::carries(s);
+                // `keep` looks at a row's own values, not its tuple (set below)
                 let request = crate::requests::is_request(s)
-                    .then(|| RequestRow::of(s, r.exit, tuple))
+                    .then(|| RequestRow::of(s, r.exit, NONE))
                     .filter(&keep);
-                if !(lo..hi).contains(&s.start.0) || (!spans && request.is_none()) {
+                let counted = (lo..hi).contains(&s.start.0) && (spans || request.is_some());
+                if !carries && !counted {
                     continue;
                 }
+                let values: Vec<Option<&Value>> = slots.iter().map(|&s| r.values[s]).collect();
+                let tuple = total.tuple_of(&values);
+                if carries {
+                    head_anchors.push((*trace, s.span_id, tuple, r.exit));
+                }
+                if !counted {
+                    continue;
+                }
+                let request = request.map(|q| RequestRow { tuple, ..q });
                 if r.open && lacks(&total, tuple) {
                     opens.push(Open {
                         trace: *trace,
