@@ -27,7 +27,7 @@ use crate::codec::{Reader, Writer};
 use crate::error::{Result, StorageError};
 use crate::model::{SpanRecord, TraceId, Value};
 use crate::request::dedicated_value;
-use crate::rollup::Op;
+use crate::rollup::{Op, RowOps};
 use crate::schema::DEDICATED;
 
 /// Version of the encoded rollup.
@@ -122,6 +122,51 @@ pub struct Cell {
 
 type Key = (u32, Track, u64, i16);
 
+/// Per track, the cell being counted and its count and exemplar so far.
+type Runs = [Option<(Key, u64, TraceId)>; 3];
+
+/// Builds the rollup of a block's rows as they are visited in order (the block writer's
+/// pass over its rows: each row's fields are read there once).
+pub struct RowHeat {
+    rollup: HeatRollup,
+    runs: Runs,
+    /// Per operation, whether its spans are decode token spans.
+    token: Vec<bool>,
+}
+
+impl RowHeat {
+    pub fn new(row_ops: &RowOps) -> Self {
+        let mut rollup = HeatRollup::default();
+        for op in &row_ops.ops {
+            rollup.op_owned(op.clone());
+        }
+        let token = row_ops
+            .ops
+            .iter()
+            .map(|(_, name)| name == TOKEN_SPAN)
+            .collect();
+        Self {
+            rollup,
+            runs: Runs::default(),
+            token,
+        }
+    }
+
+    /// Counts the next row, of operation `op`, whose `llm.token.latency_ms` (as
+    /// [`token_latency_ms`] finds it) is `itl`.
+    pub fn add(&mut self, op: u32, s: &SpanRecord, itl: Option<f64>) {
+        let token = self.token[op as usize];
+        let ms = || itl.unwrap_or_else(|| s.duration_ns() as f64 / 1e6);
+        self.rollup
+            .add_span(&mut self.runs, op, s, token.then_some(ms));
+    }
+
+    pub fn finish(mut self) -> HeatRollup {
+        self.rollup.end_runs(self.runs);
+        self.rollup
+    }
+}
+
 /// The cells of some spans.
 #[derive(Clone, Debug, Default)]
 pub struct HeatRollup {
@@ -160,25 +205,56 @@ impl HeatRollup {
         }
     }
 
-    /// Counts one span of operation `op`.
-    fn add_span(&mut self, op: u32, s: &SpanRecord) {
+    /// Counts one span of operation `op`, with `itl` its token latency when a token span.
+    fn add_span(
+        &mut self,
+        runs: &mut Runs,
+        op: u32,
+        s: &SpanRecord,
+        itl: Option<impl FnOnce() -> f64>,
+    ) {
         let second = s.start.0 / 1_000_000_000;
         let ms = s.duration_ns() as f64 / 1e6;
-        self.add((op, Track::Duration, second, bucket_of(ms)), 1, s.trace_id);
-        if s.name == TOKEN_SPAN {
-            let itl = token_latency_ms(s);
-            self.add((op, Track::Itl, second, bucket_of(itl)), 1, s.trace_id);
-            self.add(
-                (op, Track::ItlBin, second, bin_bucket(itl)),
-                1,
-                TraceId([0; 16]),
-            );
+        self.count(
+            runs,
+            (op, Track::Duration, second, bucket_of(ms)),
+            s.trace_id,
+        );
+        if let Some(itl) = itl {
+            let itl = itl();
+            self.count(runs, (op, Track::Itl, second, bucket_of(itl)), s.trace_id);
+            let key = (op, Track::ItlBin, second, bin_bucket(itl));
+            self.count(runs, key, TraceId([0; 16]));
+        }
+    }
+
+    /// Counts one span into the cell `key`: a trace's token spans fall in few cells, so each
+    /// track's last cell is counted apart and added to the map when another comes.
+    fn count(&mut self, runs: &mut Runs, key: Key, exemplar: TraceId) {
+        let run = &mut runs[key.1 as usize];
+        match run {
+            Some((k, n, e)) if *k == key => {
+                *n += 1;
+                *e = (*e).max(exemplar);
+            }
+            _ => {
+                if let Some((k, n, e)) = run.replace((key, 1, exemplar)) {
+                    self.add(k, n, e);
+                }
+            }
+        }
+    }
+
+    fn end_runs(&mut self, runs: Runs) {
+        for (k, n, e) in runs.into_iter().flatten() {
+            self.add(k, n, e);
         }
     }
 
     /// The rollup of some spans.
     pub fn of_spans<'a>(spans: impl IntoIterator<Item = &'a SpanRecord>) -> Self {
         let mut r = Self::default();
+        let mut runs = Runs::default();
         let mut last: Option<(&str, &str, u32)> = None;
         for s in spans {
             // rows of one operation come in runs: the last one's index without a lookup
@@ -187,8 +263,10 @@ impl HeatRollup {
                 _ => r.op(s.service_name(), &s.name),
             };
             last = Some((s.service_name(), &s.name, op));
-            r.add_span(op, s);
+            let token = (s.name == TOKEN_SPAN).then_some(|| token_latency_ms(s));
+            r.add_span(&mut runs, op, s, token);
         }
+        r.end_runs(runs);
         r
     }
 

@@ -80,6 +80,16 @@ pub fn is_request(span: &SpanRecord) -> bool {
     span.kind == SpanKind::Server && dedicated_value(span, column(MODEL)).is_some()
 }
 
+/// Whether two rows' values are the same values (by reference).
+fn same_refs(a: &[Option<&Value>], b: &[Option<&Value>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => std::ptr::eq(*x, *y),
+            (None, None) => true,
+            _ => false,
+        })
+}
+
 /// One request span.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RequestRow {
@@ -225,6 +235,9 @@ impl RequestRollup {
     ) -> Self {
         let d = crate::request::request_dims().len();
         let mut r = Self::default();
+        // a trace's token spans inherit one ancestor's values: the same references as the
+        // row before, whose tuple they take without a lookup
+        let mut last: Option<(&[Option<&Value>], u32)> = None;
         for (start, len) in traces {
             let Some(first) = rows.get(start as usize) else {
                 continue;
@@ -232,7 +245,12 @@ impl RequestRollup {
             let trace = first.trace_id;
             let at = r.open.len();
             for row in start as usize..(start + len) as usize {
-                let tuple = r.tuple_of(&values[row * d..(row + 1) * d]);
+                let own = &values[row * d..(row + 1) * d];
+                let tuple = match last {
+                    Some((prev, tuple)) if same_refs(prev, own) => tuple,
+                    _ => r.tuple_of(own),
+                };
+                last = Some((own, tuple));
                 let exit = exits[row];
                 if exit.is_some() {
                     match r.open[at..]

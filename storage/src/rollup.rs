@@ -72,6 +72,52 @@ pub struct Orphan {
     pub duration_ns: u64,
 }
 
+/// Each row's operation, numbered in the order first seen: looked up once a row for all of a
+/// block's rollups (a row's service name is a search of its resource's attributes).
+#[derive(Clone, Debug, Default)]
+pub struct RowOps {
+    pub ops: Vec<Op>,
+    /// Per row, its index into `ops`.
+    pub of_row: Vec<u32>,
+}
+
+impl RowOps {
+    pub fn of(rows: &[&SpanRecord]) -> Self {
+        let mut ops: Vec<Op> = Vec::new();
+        let mut index: HashMap<(&str, &str), u32> = HashMap::default();
+        let mut of_row = Vec::with_capacity(rows.len());
+        // rows share few resources (one per exporting process) and come in runs of one
+        // operation (a trace's token spans)
+        let mut service: Option<(*const crate::model::Resource, &str)> = None;
+        let mut last: Option<(&str, &str, u32)> = None;
+        for s in rows {
+            let ptr = std::sync::Arc::as_ptr(&s.resource);
+            let svc = match service {
+                Some((p, name)) if std::ptr::eq(p, ptr) => name,
+                _ => {
+                    let name = s.service_name();
+                    service = Some((ptr, name));
+                    name
+                }
+            };
+            let op = match last {
+                Some((ls, ln, op)) if std::ptr::eq(ls, svc) && ln == s.name => op,
+                _ => {
+                    let next = ops.len() as u32;
+                    let op = *index.entry((svc, s.name.as_str())).or_insert(next);
+                    if op == next {
+                        ops.push((svc.to_owned(), s.name.clone()));
+                    }
+                    op
+                }
+            };
+            last = Some((svc, &s.name, op));
+            of_row.push(op);
+        }
+        Self { ops, of_row }
+    }
+}
+
 /// Operation nodes, edges, roots and orphans of some spans.
 #[derive(Clone, Debug, Default)]
 pub struct OpRollup {
@@ -165,14 +211,19 @@ impl OpRollup {
     /// `places` each row's parent within its run.
     pub fn of_block(
         rows: &[&SpanRecord],
+        row_ops: &RowOps,
         traces: impl Iterator<Item = (u32, u32)>,
         places: &[ParentPlace],
     ) -> Self {
         let mut r = OpRollup::default();
-        let ops: Vec<u32> = rows
-            .iter()
-            .map(|s| r.op(s.service_name(), &s.name))
-            .collect();
+        for op in &row_ops.ops {
+            r.op_owned(op.clone());
+        }
+        let ops = &row_ops.of_row;
+        // a trace's token spans are children of one span: their edge is the last one
+        let mut edges: Vec<((u32, u32), EdgeStats)> = Vec::new();
+        let mut edge_index: HashMap<(u32, u32), usize> = HashMap::default();
+        let mut last_edge: Option<((u32, u32), usize)> = None;
         for (start, len) in traces {
             for row in start..start + len {
                 let s = rows[row as usize];
@@ -185,7 +236,20 @@ impl OpRollup {
                     s.parent_span_id.is_none(),
                 );
                 match (places[row as usize], s.parent_span_id) {
-                    (ParentPlace::At(p), _) => r.add_edge(ops[(start + p) as usize], op, d),
+                    (ParentPlace::At(p), _) => {
+                        let key = (ops[(start + p) as usize], op);
+                        let at = match last_edge {
+                            Some((k, at)) if k == key => at,
+                            _ => *edge_index.entry(key).or_insert_with(|| {
+                                edges.push((key, EdgeStats::default()));
+                                edges.len() - 1
+                            }),
+                        };
+                        last_edge = Some((key, at));
+                        let e = &mut edges[at].1;
+                        e.calls += 1;
+                        e.durations.insert(d as f64);
+                    }
                     (ParentPlace::Missing, Some(parent)) => r.orphans.push(Orphan {
                         trace: s.trace_id,
                         parent,
@@ -196,6 +260,7 @@ impl OpRollup {
                 }
             }
         }
+        r.edges = edges.into_iter().collect();
         r
     }
 

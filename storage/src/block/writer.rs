@@ -21,7 +21,7 @@ use crate::codec::Writer;
 use crate::error::Result;
 use crate::model::{KeyValue, SpanId, SpanRecord, StatusCode, Value};
 use crate::request::{self, OPEN_DIM, OPEN_TERM, ParentPlace};
-use crate::rollup::OpRollup;
+use crate::rollup::{OpRollup, RowOps};
 use crate::schema::{
     ColumnType, DEDICATED, DIM_KIND, DIM_NAME, DIM_SERVICE, DIM_STATUS, dedicated_for, is_long,
 };
@@ -349,6 +349,12 @@ pub fn build_block_with(
     let d = request::request_dims().len();
     let mut request_values: Vec<Option<&Value>> = vec![None; n * d];
     let mut classes = classes.into_iter();
+    let row_ops = RowOps::of(&rows);
+    // each token span's latency as the heat rollup reads it, found here with its column
+    let itl_column = DEDICATED
+        .iter()
+        .position(|d| d.name == crate::heat::TOKEN_LATENCY);
+    let mut heat = crate::heat::RowHeat::new(&row_ops);
 
     let (mut min_start, mut max_start, mut max_end) = (u64::MAX, 0, 0);
     for (row, span) in rows.iter().enumerate() {
@@ -364,7 +370,9 @@ pub fn build_block_with(
         }
         trace_state.append_value(&span.trace_state);
         names.append_value(&span.name);
-        services.append_value(span.service_name());
+        let op = row_ops.of_row[row as usize];
+        let service = row_ops.ops[op as usize].0.as_str();
+        services.append_value(service);
         status_message.append_value(&span.status_message);
         resources.push(Arc::as_ptr(&span.resource).cast(), |w| {
             w.resource(&span.resource)
@@ -375,11 +383,17 @@ pub fn build_block_with(
         });
         append_blob(&mut links, span.links.is_empty(), |w| w.links(&span.links));
 
+        let mut itl = None;
         let mut alias_mask = 0i64;
         let mut rest: Vec<&KeyValue> = Vec::new();
         let mut longs: Vec<&KeyValue> = Vec::new();
         for kv in &span.attributes {
             let class = classes.next().flatten();
+            if let (Some((i, _)), Value::Double(v)) = (class, &kv.value)
+                && Some(i) == itl_column
+            {
+                itl.get_or_insert(*v);
+            }
             if let Some((i, _)) = class
                 && let Some(slot) = request::request_slot(i, &kv.value)
             {
@@ -424,7 +438,8 @@ pub fn build_block_with(
         for (b, v) in ints.iter_mut().zip(values) {
             b.append_value(v);
         }
-        postings.add(DIM_SERVICE, span.service_name(), row);
+        heat.add(op, span, itl);
+        postings.add(DIM_SERVICE, service, row);
         postings.add(DIM_NAME, &span.name, row);
         postings.add(DIM_STATUS, span.status_code.as_str(), row);
         postings.add(DIM_KIND, span.kind.as_str(), row);
@@ -554,9 +569,9 @@ pub fn build_block_with(
         push(name, Some(*ty), ColumnKind::Dynamic, array, enc)?;
     }
 
-    let ops =
-        OpRollup::of_block(&rows, traces.iter().map(|t| (t.row_start, t.rows)), &places).encode();
-    let heat = crate::heat::HeatRollup::of_spans(rows.iter().copied()).encode();
+    let runs = traces.iter().map(|t| (t.row_start, t.rows));
+    let ops = OpRollup::of_block(&rows, &row_ops, runs, &places).encode();
+    let heat = heat.finish().encode();
     let requests = crate::requests::RequestRollup::of_block(
         &rows,
         traces.iter().map(|t| (t.row_start, t.rows)),
