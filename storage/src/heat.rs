@@ -323,6 +323,7 @@ impl HeatRollup {
 
     /// The cells of an encoded rollup with its operations (sorted as [`Self::cells`]).
     pub fn decode(buf: &[u8]) -> Result<BlockHeat> {
+        let buf = &*crate::block::format::unpack_rollup(buf, "heat rollup")?;
         let corrupt = |m: String| StorageError::corrupt("heat rollup", m);
         let mut r = Reader::new(buf);
         let version = r.u8()?;

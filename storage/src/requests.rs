@@ -368,6 +368,7 @@ impl RequestRollup {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
+        let buf = &*crate::block::format::unpack_rollup(buf, "request rollup")?;
         let corrupt = |m: String| StorageError::corrupt("request rollup", m);
         let mut r = Reader::new(buf);
         let version = r.u8()?;

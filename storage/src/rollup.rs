@@ -329,6 +329,7 @@ impl OpRollup {
     }
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
+        let buf = &*crate::block::format::unpack_rollup(buf, "operation rollup")?;
         let mut r = Reader::new(buf);
         let version = r.u8()?;
         if version != ROLLUP_VERSION {

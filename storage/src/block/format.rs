@@ -26,7 +26,12 @@
 //! `term:str bitmap:bytes` where bitmap is a portable roaring serialisation of row numbers; or
 //! `version:u8=2 len:varint zstd-frame`, the same after the version byte, compressed.
 //!
-//! Both are compressed where zstd saves at least a tenth: postings of low-cardinality
+//! **Rollups** (chunks `rollup_ops`, `rollup_heat`, `rollup_requests`): each rollup's own
+//! encoding, version byte first (see `rollup`, `heat`, `requests`); or [`PACKED_ROLLUP`]
+//! `len:varint zstd-frame`, the whole encoding compressed (blocks written before it read as
+//! before).
+//!
+//! All are compressed where zstd saves at least a tenth: postings of low-cardinality
 //! dimensions (kind, status, name) over rows ordered by trace are many small containers
 //! that repeat from trace to trace, several times the size of the column they index.
 
@@ -386,6 +391,48 @@ fn unpack<'a>(
     Ok(buf[1..].into())
 }
 
+/// First byte of a compressed rollup chunk: no rollup's version.
+pub const PACKED_ROLLUP: u8 = 0xff;
+
+/// A rollup's encoding as it is, or [`PACKED_ROLLUP`] and the encoding zstd-compressed where
+/// that saves at least a tenth (and `compression` allows).
+pub fn pack_rollup(value: Vec<u8>, compression: Compression) -> Vec<u8> {
+    if compression == Compression::Zstd
+        && value.len() >= 64
+        && let Ok(frame) = zstd::bulk::compress(&value, ZSTD_LEVEL)
+    {
+        let mut w = Writer::default();
+        w.buf.push(PACKED_ROLLUP);
+        w.u64(value.len() as u64);
+        w.raw(&frame);
+        if w.buf.len() * 10 <= value.len() * 9 {
+            return w.buf;
+        }
+    }
+    value
+}
+
+/// The encoding of a rollup chunk [`pack_rollup`] wrote.
+pub fn unpack_rollup<'a>(buf: &'a [u8], what: &'static str) -> Result<std::borrow::Cow<'a, [u8]>> {
+    if buf.first() != Some(&PACKED_ROLLUP) {
+        return Ok(buf.into());
+    }
+    let mut r = Reader::new(&buf[1..]);
+    let len = r.u64()?;
+    if len > MAX_PACKED_BODY {
+        return Err(StorageError::corrupt(what, format!("claims {len} bytes")));
+    }
+    let body = zstd::bulk::decompress(r.rest(), len as usize)
+        .map_err(|e| StorageError::corrupt(what, format!("zstd: {e}")))?;
+    if body.len() as u64 != len {
+        return Err(StorageError::corrupt(
+            what,
+            format!("{} bytes where {len} were written", body.len()),
+        ));
+    }
+    Ok(body.into())
+}
+
 /// Whether column chunks may be compressed (zstd where it pays). Off, every value a row holds
 /// is in the chunk whole, as it came (plain encoding past a dictionary), so that a byte search
 /// of the data directory means something.
@@ -582,6 +629,38 @@ mod tests {
     use super::*;
     use arrow::array::{Array, Int64Array, StringArray};
     use parquet::arrow::arrow_reader::RowSelector;
+
+    #[test]
+    fn rollups_pack_where_it_pays_and_unpack_or_pass_through() {
+        let what = "test rollup";
+        // a repetitive encoding packs; its version byte comes back first
+        let value: Vec<u8> = std::iter::once(2)
+            .chain((0..4000).map(|i| (i % 7) as u8))
+            .collect();
+        let packed = pack_rollup(value.clone(), Compression::Zstd);
+        assert_eq!(packed[0], PACKED_ROLLUP);
+        assert!(packed.len() < value.len() / 2);
+        assert!(*unpack_rollup(&packed, what).unwrap() == value[..]);
+        // not with compression off, nor when it saves too little: read as written
+        assert!(pack_rollup(value.clone(), Compression::None) == value);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = vec![1u8];
+        noise.extend((0..4000).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        }));
+        assert!(pack_rollup(noise.clone(), Compression::Zstd) == noise);
+        assert!(*unpack_rollup(&noise, what).unwrap() == noise[..]);
+        // a damaged frame or length is an error, not a panic
+        let mut bad = packed.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0xff;
+        bad[1] ^= 0x01;
+        assert!(unpack_rollup(&bad, what).is_err());
+        assert!(unpack_rollup(&[PACKED_ROLLUP], what).is_err());
+    }
 
     #[test]
     fn chunk_round_trips_whole_and_selected() {

@@ -585,6 +585,7 @@ pub fn build_block_with(
         (col::ROLLUP_HEAT, heat),
         (col::ROLLUP_REQUESTS, requests),
     ] {
+        let rollup = super::format::pack_rollup(rollup, compression);
         columns.push(ColumnMeta {
             name: name.into(),
             ty: None,
