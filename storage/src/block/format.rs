@@ -339,20 +339,39 @@ pub fn decode_postings(buf: &[u8]) -> Result<Vec<(String, RoaringBitmap)>> {
 /// `value` (its raw version byte, then its body) as it is, or `packed` and the body
 /// zstd-compressed where that saves at least a tenth (and `compression` allows).
 fn pack(value: Vec<u8>, packed: u8, compression: Compression) -> Vec<u8> {
-    let body = &value[1..];
-    if compression == Compression::Zstd
-        && body.len() >= 64
-        && let Ok(frame) = zstd::bulk::compress(body, ZSTD_LEVEL)
-    {
-        let mut w = Writer::default();
-        w.buf.push(packed);
-        w.u64(body.len() as u64);
-        w.raw(&frame);
-        if w.buf.len() * 10 <= body.len() * 9 {
-            return w.buf;
-        }
+    compressed(packed, &value[1..], compression).unwrap_or(value)
+}
+
+/// `marker`, the length of `body` and `body` zstd-compressed, where that is at most nine
+/// tenths of `body` (and `compression` allows).
+fn compressed(marker: u8, body: &[u8], compression: Compression) -> Option<Vec<u8>> {
+    if compression != Compression::Zstd || body.len() < 64 {
+        return None;
     }
-    value
+    let frame = zstd::bulk::compress(body, ZSTD_LEVEL).ok()?;
+    let mut w = Writer::default();
+    w.buf.push(marker);
+    w.u64(body.len() as u64);
+    w.raw(&frame);
+    (w.buf.len() * 10 <= body.len() * 9).then_some(w.buf)
+}
+
+/// What [`compressed`] wrote after its marker: the length, then the frame.
+fn decompressed(after_marker: &[u8], what: &'static str) -> Result<Vec<u8>> {
+    let mut r = Reader::new(after_marker);
+    let len = r.u64()?;
+    if len > MAX_PACKED_BODY {
+        return Err(StorageError::corrupt(what, format!("claims {len} bytes")));
+    }
+    let body = zstd::bulk::decompress(r.rest(), len as usize)
+        .map_err(|e| StorageError::corrupt(what, format!("zstd: {e}")))?;
+    if body.len() as u64 != len {
+        return Err(StorageError::corrupt(
+            what,
+            format!("{} bytes where {len} were written", body.len()),
+        ));
+    }
+    Ok(body)
 }
 
 /// The body of a value [`pack`] wrote: after a version from 1 to `raw` as it is, after
@@ -366,20 +385,7 @@ fn unpack<'a>(
     let mut r = Reader::new(buf);
     let found = r.u8()?;
     if found == packed {
-        let len = r.u64()?;
-        if len > MAX_PACKED_BODY {
-            return Err(StorageError::corrupt(what, format!("claims {len} bytes")));
-        }
-        let frame = r.rest();
-        let body = zstd::bulk::decompress(frame, len as usize)
-            .map_err(|e| StorageError::corrupt(what, format!("zstd: {e}")))?;
-        if body.len() as u64 != len {
-            return Err(StorageError::corrupt(
-                what,
-                format!("{} bytes where {len} were written", body.len()),
-            ));
-        }
-        return Ok(body.into());
+        return Ok(decompressed(&buf[1..], what)?.into());
     }
     if found == 0 || found > raw {
         return Err(StorageError::UnsupportedVersion {
@@ -397,40 +403,15 @@ pub const PACKED_ROLLUP: u8 = 0xff;
 /// A rollup's encoding as it is, or [`PACKED_ROLLUP`] and the encoding zstd-compressed where
 /// that saves at least a tenth (and `compression` allows).
 pub fn pack_rollup(value: Vec<u8>, compression: Compression) -> Vec<u8> {
-    if compression == Compression::Zstd
-        && value.len() >= 64
-        && let Ok(frame) = zstd::bulk::compress(&value, ZSTD_LEVEL)
-    {
-        let mut w = Writer::default();
-        w.buf.push(PACKED_ROLLUP);
-        w.u64(value.len() as u64);
-        w.raw(&frame);
-        if w.buf.len() * 10 <= value.len() * 9 {
-            return w.buf;
-        }
-    }
-    value
+    compressed(PACKED_ROLLUP, &value, compression).unwrap_or(value)
 }
 
 /// The encoding of a rollup chunk [`pack_rollup`] wrote.
 pub fn unpack_rollup<'a>(buf: &'a [u8], what: &'static str) -> Result<std::borrow::Cow<'a, [u8]>> {
-    if buf.first() != Some(&PACKED_ROLLUP) {
-        return Ok(buf.into());
+    match buf.split_first() {
+        Some((&PACKED_ROLLUP, rest)) => Ok(decompressed(rest, what)?.into()),
+        _ => Ok(buf.into()),
     }
-    let mut r = Reader::new(&buf[1..]);
-    let len = r.u64()?;
-    if len > MAX_PACKED_BODY {
-        return Err(StorageError::corrupt(what, format!("claims {len} bytes")));
-    }
-    let body = zstd::bulk::decompress(r.rest(), len as usize)
-        .map_err(|e| StorageError::corrupt(what, format!("zstd: {e}")))?;
-    if body.len() as u64 != len {
-        return Err(StorageError::corrupt(
-            what,
-            format!("{} bytes where {len} were written", body.len()),
-        ));
-    }
-    Ok(body.into())
 }
 
 /// Whether column chunks may be compressed (zstd where it pays). Off, every value a row holds
