@@ -98,12 +98,16 @@ pub fn bucket_bin(bucket: i16) -> i64 {
 /// A token span's latency in ms: its `llm.token.latency_ms` (a double: what the dedicated
 /// column holds, and so what SQL reads), else its duration.
 pub fn token_latency_ms(span: &SpanRecord) -> f64 {
-    static COLUMN: OnceLock<Option<usize>> = OnceLock::new();
-    let column = *COLUMN.get_or_init(|| DEDICATED.iter().position(|d| d.name == TOKEN_LATENCY));
-    match column.and_then(|i| dedicated_value(span, i)) {
+    match token_latency_column().and_then(|i| dedicated_value(span, i)) {
         Some(Value::Double(v)) => *v,
         _ => span.duration_ns() as f64 / 1e6,
     }
+}
+
+/// The dedicated column of [`TOKEN_LATENCY`].
+pub fn token_latency_column() -> Option<usize> {
+    static COLUMN: OnceLock<Option<usize>> = OnceLock::new();
+    *COLUMN.get_or_init(|| DEDICATED.iter().position(|d| d.name == TOKEN_LATENCY))
 }
 
 /// One cell: the spans of one operation and track that started in one second with values

@@ -351,9 +351,7 @@ pub fn build_block_with(
     let mut classes = classes.into_iter();
     let row_ops = RowOps::of(&rows);
     // each token span's latency as the heat rollup reads it, found here with its column
-    let itl_column = DEDICATED
-        .iter()
-        .position(|d| d.name == crate::heat::TOKEN_LATENCY);
+    let itl_column = crate::heat::token_latency_column();
     let mut heat = crate::heat::RowHeat::new(&row_ops);
 
     let (mut min_start, mut max_start, mut max_end) = (u64::MAX, 0, 0);

@@ -51,8 +51,8 @@ enum Part {
     Spans(BlockAddr, u64),
     /// A request row of a block.
     Request(RequestRow),
-    /// A head row.
-    Head(usize),
+    /// A head row, with its request row when it is one `keep` keeps.
+    Head(usize, Option<RequestRow>),
 }
 
 /// An open row whose trace has rows elsewhere: its tuple (the total's) lacks values that the
@@ -322,7 +322,7 @@ impl Store {
                         trace: *trace,
                         exit: r.exit,
                         tuple,
-                        part: Part::Head(i),
+                        part: Part::Head(i, request),
                     });
                     continue;
                 }
@@ -351,21 +351,20 @@ impl Store {
                             pending.open.insert((addr, o.trace));
                         }
                         Part::Request(q) => pending.requests.push(q),
-                        Part::Head(i) => pending.head.push(i),
+                        Part::Head(i, _) => pending.head.push(i),
                     }
                     continue;
                 };
                 match o.part {
                     Part::Spans(_, n) => total.spans[tuple as usize] += n,
                     Part::Request(q) => total.requests.push(RequestRow { tuple, ..q }),
-                    Part::Head(i) => {
+                    Part::Head(_, request) => {
                         if spans {
                             total.spans[tuple as usize] += 1;
                         }
-                        let request = crate::requests::is_request(head[i])
-                            .then(|| RequestRow::of(head[i], None, tuple))
-                            .filter(&keep);
-                        total.requests.extend(request);
+                        total
+                            .requests
+                            .extend(request.map(|q| RequestRow { tuple, ..q }));
                     }
                 }
             }
