@@ -67,6 +67,10 @@ pub struct ServeArgs {
         env = "WEFT_INGEST_MEMORY"
     )]
     pub max_inflight_bytes: Option<usize>,
+    /// Requests decoded and written at once, over every tenant and signal; more wait their
+    /// turn [default: twice the cores, plus two].
+    #[arg(long, env = "WEFT_INGEST_WORKERS")]
+    pub ingest_workers: Option<usize>,
     /// Rows that trigger a flush of the head into a block [default: 131072].
     #[arg(long, env = "WEFT_FLUSH_ROWS")]
     pub flush_rows: Option<usize>,
@@ -212,6 +216,7 @@ struct FileConfig {
     max_span_links: Option<usize>,
     #[serde(alias = "ingest_memory")]
     max_inflight_bytes: Option<usize>,
+    ingest_workers: Option<usize>,
     flush_rows: Option<usize>,
     flush_age: Option<String>,
     max_pending_rows: Option<usize>,
@@ -376,6 +381,12 @@ impl Config {
                 args.max_inflight_bytes
                     .or(file.max_inflight_bytes)
                     .unwrap_or(limits_default.max_inflight_bytes),
+            )?,
+            workers: positive(
+                "ingest_workers",
+                args.ingest_workers
+                    .or(file.ingest_workers)
+                    .unwrap_or(limits_default.workers),
             )?,
             shape: weft_ingest::otlp::convert::ShapeLimits {
                 attributes: args

@@ -25,6 +25,8 @@ pub struct Limits {
     pub max_attribute_value_bytes: usize,
     /// Decoded bytes of requests being processed at once; past it, requests get 429.
     pub max_inflight_bytes: usize,
+    /// Requests decoded and written at once; admitted requests past it wait their turn.
+    pub workers: usize,
     /// Attributes, key length, events and links per row.
     pub shape: crate::otlp::convert::ShapeLimits,
 }
@@ -35,6 +37,7 @@ impl Default for Limits {
             max_body_bytes: 16 << 20,
             max_attribute_value_bytes: 1 << 20,
             max_inflight_bytes: 256 << 20,
+            workers: default_workers(),
             shape: crate::otlp::convert::ShapeLimits {
                 attributes: 1024,
                 key_bytes: 1024,
@@ -43,6 +46,15 @@ impl Default for Limits {
             },
         }
     }
+}
+
+/// Twice the cores and two more: enough writers waiting on a sync for the write-ahead log's
+/// group commit to keep the cores busy decoding. Each thread that decodes requests keeps its
+/// own allocator pages, which the rows it decoded pin until their head is flushed: under
+/// overload from many tenants, 512 such threads (the runtime's blocking pool) held about
+/// 1.1 GiB more than 6 did, for the same throughput (BENCHMARKS.md, twenty-eighth session).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) * 2 + 2
 }
 
 /// Why spans were refused, for the answer and for `/metrics`.
@@ -155,6 +167,8 @@ pub struct Ingester {
     limits: Limits,
     redaction: crate::redact::RedactionPolicy,
     inflight: Arc<Semaphore>,
+    /// Turns of [`Limits::workers`] to decode and write.
+    workers: Arc<Semaphore>,
     /// Request bodies being read, in [`BUDGET_UNIT`]s: a fifth of `max_inflight_bytes` (bodies
     /// decode to about four times their size, which `inflight` holds).
     bodies: Arc<Semaphore>,
@@ -173,6 +187,7 @@ impl Ingester {
             limits,
             redaction: Default::default(),
             inflight: Arc::new(Semaphore::new(permits)),
+            workers: Arc::new(Semaphore::new(limits.workers.max(1))),
             bodies: Arc::new(Semaphore::new((permits / 5).max(1))),
             derived: None,
             stats: IngestStats::default(),
@@ -260,7 +275,8 @@ impl Ingester {
         }
     }
 
-    /// Runs `work` on the blocking pool once the request fits the in-flight budget.
+    /// Runs `work` on the blocking pool once the request fits the in-flight budget (refused
+    /// when it does not) and one of the [`Limits::workers`] is free (waited for).
     pub(crate) async fn admitted<F>(
         self: &Arc<Self>,
         cost: usize,
@@ -278,9 +294,13 @@ impl Ingester {
                 retry_after_ms: 500,
             });
         };
+        let turn = Arc::clone(&self.workers)
+            .acquire_owned()
+            .await
+            .expect("the workers' semaphore is never closed");
         let this = Arc::clone(self);
         let result = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let _permits = (permit, turn);
             work(&this)
         })
         .await
@@ -297,5 +317,48 @@ impl Ingester {
             self.stats.count_rejected(RejectReason::Overloaded, 1);
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+    use weft_storage::StoreOptions;
+
+    /// Admitted requests past `workers` wait their turn (none refused), and no more than
+    /// `workers` are decoded and written at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admitted_requests_past_the_workers_wait_their_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        let limits = Limits {
+            workers: 2,
+            ..Limits::default()
+        };
+        let ingester = Arc::new(Ingester::new(store, limits));
+        let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (ingester, running, peak) = (ingester.clone(), running.clone(), peak.clone());
+                tokio::spawn(async move {
+                    ingester
+                        .admitted(1000, move |_| {
+                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                            peak.fetch_max(now, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(20));
+                            running.fetch_sub(1, Ordering::SeqCst);
+                            Ok(ExportOutcome::default())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().expect("waits for a worker, is not refused");
+        }
+        let peak = peak.load(Ordering::SeqCst);
+        assert!((1..=2).contains(&peak), "{peak} requests at once");
     }
 }
