@@ -356,7 +356,9 @@ mod tests {
             })
             .collect();
         for t in tasks {
-            t.await.unwrap().expect("waits for a worker, is not refused");
+            t.await
+                .unwrap()
+                .expect("waits for a worker, is not refused");
         }
         let peak = peak.load(Ordering::SeqCst);
         assert!((1..=2).contains(&peak), "{peak} requests at once");

@@ -81,7 +81,7 @@ pub fn is_request(span: &SpanRecord) -> bool {
 }
 
 /// Whether two rows' values are the same values (by reference).
-fn same_refs(a: &[Option<&Value>], b: &[Option<&Value>]) -> bool {
+pub fn same_refs(a: &[Option<&Value>], b: &[Option<&Value>]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| match (x, y) {
             (Some(x), Some(y)) => std::ptr::eq(*x, *y),

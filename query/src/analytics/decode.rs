@@ -19,7 +19,7 @@
 //! Both decline (the caller asks SQL) with `service`, `name` or `attr.` filters, and the
 //! attribution with a dimension other than the service or a request dimension.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use roaring::RoaringBitmap;
@@ -243,7 +243,8 @@ impl Scan<'_> {
                 t.anomalous_of(w, &terms.tuple(&tuple), units, excess);
             }
         }
-        let mut head_baseline = Vec::new();
+        // head rows of the baseline, counted by their values (rows of a request share them)
+        let mut head_baseline: HashMap<Vec<Option<String>>, f64> = HashMap::new();
         for r in self.snapshot.head.rows() {
             if r.name != TOKEN_SPAN || !(lo..hi).contains(&r.start.0) {
                 continue;
@@ -267,13 +268,13 @@ impl Scan<'_> {
                         t.anomalous_of(w, &tuple, 1.0, v - self.ask.mid);
                     }
                 }
-                None => head_baseline.push(tuple),
+                None => *head_baseline.entry(tuple).or_default() += 1.0,
             }
         }
         // the baseline of the candidates alone
         let candidates = t.candidates();
-        for tuple in &head_baseline {
-            t.baseline_of(&candidates, tuple, 1.0);
+        for (tuple, units) in &head_baseline {
+            t.baseline_of(&candidates, tuple, *units);
         }
         for ((addr, meta), rows) in blocks.into_iter().zip(read) {
             self.block_baseline(&mut t, &candidates, addr, meta, rows.baseline, &mut terms)?;

@@ -14,9 +14,11 @@ use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
 use roaring::RoaringBitmap;
+use rustc_hash::FxHashMap;
 use weft_storage::Store;
 use weft_storage::model::{SpanId, SpanRecord, TenantId, TraceId, Value};
 use weft_storage::request::{OPEN_DIM, request_dims, resolve};
+use weft_storage::requests::same_refs;
 use weft_storage::scan::{BlockAddr, BlockMeta, Positions, Rows};
 use weft_storage::store::Snapshot;
 use weft_storage::store::{ResolvedTraces, TraceRequests};
@@ -26,14 +28,17 @@ use super::columns::{storage_err, typed_values, values_column};
 /// The slot of dedicated column `i` among the request dimensions.
 pub use weft_storage::scan::spans::request_slot as slot;
 
+/// A span's request values, one per dimension.
+type SharedValues = Arc<[Option<Value>]>;
+
 /// What one query knows of its snapshot's head for the request columns, computed once when a
 /// query first uses them.
 #[derive(Debug, Default)]
 pub struct HeadRequests {
-    /// Every head span's request values.
-    values: HashMap<(TraceId, SpanId), Vec<Option<Value>>>,
+    /// Every head span's request values (shared by the spans that inherit the same ones).
+    values: FxHashMap<(TraceId, SpanId), SharedValues>,
     /// The traces with rows in the head, with those rows as (batch, row) of the snapshot's.
-    traces: HashMap<TraceId, Vec<(u32, u32)>>,
+    traces: FxHashMap<TraceId, Vec<(u32, u32)>>,
     /// Each block's open rows of traces with rows elsewhere (see [`late_rows`]).
     late: Mutex<HashMap<BlockAddr, Arc<RoaringBitmap>>>,
     /// Each block's rows with a value of a request dimension (by postings dimension name).
@@ -45,13 +50,13 @@ pub struct HeadRequests {
 
 impl HeadRequests {
     /// The request values of a head row.
-    pub fn of(&self, r: &SpanRecord) -> Option<&Vec<Option<Value>>> {
-        self.values.get(&(r.trace_id, r.span_id))
+    pub fn of(&self, r: &SpanRecord) -> Option<&[Option<Value>]> {
+        self.values.get(&(r.trace_id, r.span_id)).map(|v| &v[..])
     }
 
     fn compute(store: &Store, tenant: &TenantId, snapshot: &Snapshot) -> Result<Self> {
-        let mut by_trace: HashMap<TraceId, Vec<&SpanRecord>> = HashMap::new();
-        let mut traces: HashMap<TraceId, Vec<(u32, u32)>> = HashMap::new();
+        let mut by_trace: FxHashMap<TraceId, Vec<&SpanRecord>> = FxHashMap::default();
+        let mut traces: FxHashMap<TraceId, Vec<(u32, u32)>> = FxHashMap::default();
         for (b, batch) in snapshot.head.batches.iter().enumerate() {
             for (i, r) in batch.iter().enumerate() {
                 by_trace.entry(r.trace_id).or_default().push(r);
@@ -61,7 +66,8 @@ impl HeadRequests {
                     .push((b as u32, i as u32));
             }
         }
-        let mut values = HashMap::new();
+        let rows = snapshot.head.batches.iter().map(|b| b.len()).sum();
+        let mut values = FxHashMap::with_capacity_and_hasher(rows, Default::default());
         let mut open = Vec::new();
         for (trace, spans) in &by_trace {
             let resolved = resolve(spans);
@@ -69,9 +75,19 @@ impl HeadRequests {
                 open.push(*trace);
                 continue;
             }
-            for (span, r) in spans.iter().zip(resolved) {
-                let v = r.values.into_iter().map(|v| v.cloned()).collect();
-                values.insert((*trace, span.span_id), v);
+            // the spans under one span with values share them: their values are the same
+            // references, and are copied once
+            let mut last: Option<(&[Option<&Value>], SharedValues)> = None;
+            for (span, r) in spans.iter().zip(&resolved) {
+                let shared = match &last {
+                    Some((refs, v)) if same_refs(refs, &r.values) => v.clone(),
+                    _ => {
+                        let v: SharedValues = r.values.iter().map(|v| v.cloned()).collect();
+                        last = Some((&r.values, v.clone()));
+                        v
+                    }
+                };
+                values.insert((*trace, span.span_id), shared);
             }
         }
         let head: Vec<&SpanRecord> = open.iter().flat_map(|t| by_trace[t].clone()).collect();
@@ -81,7 +97,7 @@ impl HeadRequests {
         for trace in &open {
             for span in &by_trace[trace] {
                 if let Some(v) = whole.of(trace, &span.span_id) {
-                    values.insert((*trace, span.span_id), v);
+                    values.insert((*trace, span.span_id), v.into());
                 }
             }
         }

@@ -278,8 +278,7 @@ impl ScanSource for SpansSource {
             true => Some(self.ctx.head_requests()?),
             false => None,
         };
-        let of_request =
-            |r: &SpanRecord| requests.as_deref().and_then(|h| h.of(r)).map(Vec::as_slice);
+        let of_request = |r: &SpanRecord| requests.as_deref().and_then(|h| h.of(r));
         Ok(vec![(
             rows.len(),
             weft_storage::scan::spans::read_rows(
