@@ -130,7 +130,16 @@ impl Weft {
                 let _ = s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
                 let mut buf = String::new();
                 let _ = s.read_to_string(&mut buf);
-                if buf.starts_with("HTTP/1.1 200") {
+                // another test's server may hold this port (found free, taken since): ready
+                // only when this server's OTLP/HTTP port takes connections too and it runs
+                let otlp = self.otlp.split("://").nth(1).unwrap_or_default();
+                if buf.starts_with("HTTP/1.1 200")
+                    && std::net::TcpStream::connect(otlp).is_ok()
+                    && self
+                        .child
+                        .as_mut()
+                        .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+                {
                     return true;
                 }
             }
