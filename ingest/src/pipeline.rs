@@ -50,9 +50,9 @@ impl Default for Limits {
 
 /// Twice the cores and two more: enough writers waiting on a sync for the write-ahead log's
 /// group commit to keep the cores busy decoding. Each thread that decodes requests keeps its
-/// own allocator pages, which the rows it decoded pin until their head is flushed: under
-/// overload from many tenants, 512 such threads (the runtime's blocking pool) held about
-/// 1.1 GiB more than 6 did, for the same throughput (BENCHMARKS.md, twenty-eighth session).
+/// own allocator pages, which the rows it decoded pin until their head is flushed, so a
+/// thread per request in flight (the runtime's blocking pool) costs memory under overload
+/// from many tenants and buys no throughput (BENCHMARKS.md, twenty-eighth session).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()) * 2 + 2
 }
