@@ -1,15 +1,16 @@
 //! The `weft` binary.
 
 use clap::{Parser, Subcommand};
-use mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 use weft_api::config::{Config, ServeArgs};
 
 /// Many small short-lived allocations (decoded spans, JSON answers) across threads: mimalloc
 /// keeps per-thread free lists and returns memory to the OS in pages, which suits this pattern
-/// better than glibc's malloc (chosen in a6e9598; no measurement of it is on record).
+/// better than glibc's malloc (measured in BENCHMARKS.md, twenty-eighth session). The
+/// `system-allocator` feature leaves it out, for heap profilers that hook malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static GLOBAL: MiMalloc = MiMalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Weft: a trace database for LLM serving. Takes OTLP traces over gRPC (4317) and HTTP (4318),
 /// stores them in a columnar RocksDB store, and answers queries on 3200.

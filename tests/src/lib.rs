@@ -120,6 +120,12 @@ impl Weft {
         let deadline = Instant::now() + Duration::from_secs(60);
         let addr = self.http.split("://").nth(1).unwrap_or_default().to_owned();
         while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().ok().flatten().is_some()
+            {
+                self.child = None;
+                return false;
+            }
             // over TLS (which may ask for a client certificate), the listener taking connections
             // is the sign: the server binds its ports only once the store is open
             if self.tls() && std::net::TcpStream::connect(&addr).is_ok() {
@@ -131,23 +137,11 @@ impl Weft {
                 let mut buf = String::new();
                 let _ = s.read_to_string(&mut buf);
                 // another test's server may hold this port (found free, taken since): ready
-                // only when this server's OTLP/HTTP port takes connections too and it runs
+                // only when this server's OTLP/HTTP port takes connections too
                 let otlp = self.otlp.split("://").nth(1).unwrap_or_default();
-                if buf.starts_with("HTTP/1.1 200")
-                    && std::net::TcpStream::connect(otlp).is_ok()
-                    && self
-                        .child
-                        .as_mut()
-                        .is_some_and(|c| c.try_wait().ok().flatten().is_none())
-                {
+                if buf.starts_with("HTTP/1.1 200") && std::net::TcpStream::connect(otlp).is_ok() {
                     return true;
                 }
-            }
-            if let Some(child) = self.child.as_mut()
-                && child.try_wait().ok().flatten().is_some()
-            {
-                self.child = None;
-                return false;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
