@@ -407,7 +407,7 @@ impl Config {
                     .unwrap_or(limits_default.shape.links),
             },
         };
-        let store = StoreOptions {
+        let mut store = StoreOptions {
             flush_rows: positive(
                 "flush_rows",
                 args.flush_rows
@@ -479,6 +479,9 @@ impl Config {
             )?,
             ..store_default
         };
+        // heads hold their rows encoded; an eighth of their budget more keeps the batches
+        // written and read last decoded
+        store.decoded_head_bytes = store.max_head_bytes / 8;
         if store.window < Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
                 key: "block_window",

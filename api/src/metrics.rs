@@ -403,6 +403,18 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
         "Rows acknowledged but not yet in a block.",
         store.pending_rows() as f64,
     );
+    gauge(
+        &mut out,
+        "weft_head_bytes",
+        "Bytes the rows not yet in blocks hold in memory, as the head budget counts them.",
+        store.head_bytes() as f64,
+    );
+    gauge(
+        &mut out,
+        "weft_head_decoded_bytes",
+        "Bytes of head rows kept decoded for reads and flushes (heads hold their rows encoded).",
+        store.decoded_head_bytes() as f64,
+    );
     for (name, prop, help) in [
         (
             "weft_rocksdb_live_sst_bytes",

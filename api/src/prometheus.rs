@@ -363,7 +363,7 @@ async fn run_data(
 ) -> Answer {
     let store = state.store.clone();
     let result = blocking(move || {
-        let source = Source::new(store, tenant);
+        let source = Source::new(store, tenant).map_err(|e| PromError::internal(e.to_string()))?;
         work(&source)
     })
     .await;

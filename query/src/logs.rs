@@ -122,7 +122,7 @@ pub fn search_logs(
     tenant: &TenantId,
     req: &LogSearch,
 ) -> Result<LogPage, QueryError> {
-    let snapshot = store.log_snapshot(tenant);
+    let snapshot = store.log_snapshot(tenant)?;
     let scan = LogScan {
         from: req.start,
         to: req.end.map(|e| e.saturating_sub(1)),

@@ -79,7 +79,7 @@ pub fn search(
     tenant: &TenantId,
     req: &SearchRequest,
 ) -> Result<SearchPage, QueryError> {
-    let snapshot = store.snapshot(tenant);
+    let snapshot = store.snapshot(tenant)?;
     // blocks and rows are chosen as SQL's push-down chooses them (time bounds, postings,
     // retention); what no index answers is checked here on the rows left
     let pushdown = pushdown_of(req);

@@ -27,7 +27,7 @@ use crate::block::{BlockMeta, BlockReader, TraceEntry};
 use crate::cache::Bounded;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Result, StorageError};
-use crate::head::{Head, HeadSnapshot};
+use crate::head::{DecodedCache, Head, HeadBatch, HeadSnapshot};
 use crate::keys::{self, BlockAddr, Signal};
 use crate::model::{LogRecord, MetricPoint, SpanId, SpanRecord, TenantId, TraceId, UnixNanos};
 use crate::retention::Retention;
@@ -50,7 +50,7 @@ pub struct StoreOptions {
     pub flush_age: Duration,
     /// Refuse appends (retryably) while this many rows wait for flush.
     pub max_pending_rows: usize,
-    /// Memory (see [`Row::heap_bytes`]) that every tenant's heads may hold together: past
+    /// Memory (their rows' encodings and indexes) that every tenant's heads may hold together: past
     /// half of it every head is flushed, past it appends are refused (retryably) until
     /// flushes catch up. Many tenants each under their own flush size would otherwise hold a
     /// flush age of traffic in memory. 0: no bound.
@@ -79,6 +79,9 @@ pub struct StoreOptions {
     pub min_free_disk: u64,
     /// Tenants the store takes rows for; rows of one more are refused. 0: no limit.
     pub max_tenants: usize,
+    /// Decoded rows of head batches kept for reads and flushes (heads hold their batches
+    /// encoded), every tenant and signal together.
+    pub decoded_head_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -98,6 +101,7 @@ impl Default for StoreOptions {
             skip_corrupt_blocks: false,
             min_free_disk: 256 << 20,
             max_tenants: 10_000,
+            decoded_head_bytes: 128 << 20,
         }
     }
 }
@@ -296,14 +300,27 @@ impl<R: Row> TenantState<R> {
     /// Puts a head whose flush failed back in front of the head (its rows are still in the
     /// write-ahead), so that they stay readable and are flushed again.
     fn unfreeze(&mut self, head: &Head<R>) {
-        let mut restored = Head::default();
-        let now = Instant::now();
-        for (key, batch) in head.wal_keys.iter().zip(&head.batches) {
-            restored.push(key.clone(), batch.clone(), now, 0);
-        }
+        let mut restored = Head {
+            batches: head.batches.clone(),
+            by_trace: head.by_trace.clone(),
+            wal_keys: head.wal_keys.clone(),
+            rows: head.rows,
+            since: (head.rows > 0).then(Instant::now),
+            min_start: head.min_start,
+            ..Head::default()
+        };
         let newer = std::mem::take(&mut self.head);
-        for (key, batch) in newer.wal_keys.into_iter().zip(newer.batches) {
-            restored.push(key, batch, now, 0);
+        let offset = restored.batches.len() as u32;
+        for (trace, at) in newer.by_trace {
+            let to = restored.by_trace.entry(trace).or_default();
+            to.extend(at.into_iter().map(|(b, i)| (b + offset, i)));
+        }
+        restored.batches.extend(newer.batches);
+        restored.wal_keys.extend(newer.wal_keys);
+        restored.rows += newer.rows;
+        restored.min_start = restored.min_start.min(newer.min_start);
+        if newer.rows > 0 {
+            restored.since.get_or_insert_with(Instant::now);
         }
         restored.bytes = head.bytes + newer.bytes;
         restored.seen = head.seen.union(&newer.seen).copied().collect();
@@ -369,6 +386,9 @@ const REMOTE_PARENT: u32 = 0x300;
 /// under `wal_key` in the flush's own batch.
 struct Kept<R> {
     wal_key: Vec<u8>,
+    /// The write-ahead value of `rows` (sealed), its first `payload` bytes their encoding.
+    encoded: Vec<u8>,
+    payload: usize,
     rows: Vec<R>,
     /// Each kept trace with the number of flushes it has now waited.
     waited: Vec<(TraceId, u8)>,
@@ -457,6 +477,8 @@ pub struct Store {
     rollups: Bounded<Arc<crate::rollup::OpRollup>>,
     /// Span blocks' latency histograms decoded (see [`crate::heat`]), by chunk key.
     heats: Bounded<Arc<crate::heat::BlockHeat>>,
+    /// Head batches' decoded rows (heads hold their batches encoded).
+    decoded_heads: Arc<DecodedCache>,
     /// Span blocks' request rollups decoded (see [`crate::requests`]), by chunk key.
     request_rollups: Bounded<Arc<crate::requests::RequestRollup>>,
     /// Split traces' request values, resolved over the current blocks.
@@ -517,6 +539,7 @@ fn in_trace_domain(key: &[u8]) -> bool {
 impl Store {
     pub fn open(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        let decoded_head_bytes = opts.decoded_head_bytes;
         std::fs::create_dir_all(&path)?;
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
@@ -575,6 +598,7 @@ impl Store {
             matches: Bounded::new(MATCHES_CACHE_BYTES),
             rollups: Bounded::new(rollup::ROLLUP_CACHE_BYTES),
             heats: Bounded::new(heat::HEAT_CACHE_BYTES),
+            decoded_heads: Arc::new(DecodedCache::new(decoded_head_bytes)),
             request_rollups: Bounded::new(requests::REQUESTS_CACHE_BYTES),
             resolved: Default::default(),
             stats: StoreStats::default(),
@@ -733,9 +757,15 @@ impl Store {
                 }
             };
             match parts.signal {
-                Signal::Spans => SpanRecord::replay(&mut state, tenant, &key, value, now)?,
-                Signal::Logs => LogRecord::replay(&mut state, tenant, &key, value, now)?,
-                Signal::Metrics => MetricPoint::replay(&mut state, tenant, &key, value, now)?,
+                Signal::Spans => {
+                    SpanRecord::replay(&mut state, &self.decoded_heads, tenant, &key, value, now)?
+                }
+                Signal::Logs => {
+                    LogRecord::replay(&mut state, &self.decoded_heads, tenant, &key, value, now)?
+                }
+                Signal::Metrics => {
+                    MetricPoint::replay(&mut state, &self.decoded_heads, tenant, &key, value, now)?
+                }
             }
             state.next_seq = state.next_seq.max(seq + 1);
         }
@@ -910,12 +940,14 @@ impl Store {
     ) -> Result<Arc<Vec<R>>> {
         let key = keys::head(tenant, R::SIGNAL, seq);
         let started = Instant::now();
-        let value = seal(R::encode_rows(&fresh));
-        let bytes = head_bytes_of(&fresh);
+        let encoded = R::encode_rows(&fresh);
+        let payload = encoded.len();
+        let value = seal(encoded);
+        let bytes = held_bytes(payload, fresh.len());
         let written = self.write_hook(fresh.len()).and_then(|()| {
             Ok(self
                 .db
-                .put_cf_opt(self.cf(CF_HEAD), &key, value, &self.sync)?)
+                .put_cf_opt(self.cf(CF_HEAD), &key, &value, &self.sync)?)
         });
         let written = written.map_err(|e| match e {
             StorageError::RocksDb(e) if crate::disk::is_out_of_space(&e) => {
@@ -931,18 +963,28 @@ impl Store {
         self.stats
             .wal_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let durable = written.is_ok();
+        let fresh = Arc::new(fresh);
+        // made before the lock: keeping the rows decoded may drop older batches' rows
+        let batch = durable.then(|| {
+            HeadBatch::new(
+                value,
+                payload,
+                &fresh,
+                decoded_bytes(&fresh),
+                &self.decoded_heads,
+            )
+        });
         let mut state = self.lock();
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mut write = None;
         for id in ids {
-            if written.is_ok() {
+            if durable {
                 t.head.seen.insert(id);
             }
             write = t.in_flight.remove(&id).or(write);
         }
-        let durable = written.is_ok();
-        let fresh = Arc::new(fresh);
-        if durable {
+        if let Some(batch) = batch {
             self.stats
                 .rows_appended
                 .fetch_add(fresh.len() as u64, Ordering::Relaxed);
@@ -950,7 +992,7 @@ impl Store {
                 .last_append_ms
                 .store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
             self.idle_flushed.store(false, Ordering::Release);
-            t.head.push(key, fresh.clone(), Instant::now(), bytes);
+            t.head.push(key, batch, &fresh, Instant::now(), bytes);
         }
         drop(state);
         if let Some(write) = write {
@@ -1084,10 +1126,17 @@ impl Store {
                     texts.push((tenant.clone(), text));
                     if let Some(kept) = kept {
                         t.head.seen.extend(kept.rows.iter().map(Row::id));
-                        // its bytes as a share of the frozen head's
-                        let bytes = head.bytes * kept.rows.len() / head.rows.max(1);
+                        let bytes = held_bytes(kept.payload, kept.rows.len());
+                        let rows = Arc::new(kept.rows);
+                        let batch = HeadBatch::new(
+                            kept.encoded,
+                            kept.payload,
+                            &rows,
+                            decoded_bytes(&rows),
+                            &self.decoded_heads,
+                        );
                         t.head
-                            .push(kept.wal_key, Arc::new(kept.rows), Instant::now(), bytes);
+                            .push(kept.wal_key, batch, &rows, Instant::now(), bytes);
                         for (trace, n) in kept.waited {
                             let w = t.head.waited.entry(trace).or_default();
                             *w = (*w).max(n);
@@ -1286,16 +1335,17 @@ impl Store {
             }
         }
         let started = Instant::now();
+        let decoded = head.decoded()?;
         let window_ns = self.opts.window.as_nanos().max(1) as u64;
         let waiting = if force || self.opts.parent_wait_flushes == 0 {
             Default::default()
         } else {
             let splits = self.lock().splits.get(tenant).cloned().unwrap_or_default();
-            R::waiting_for_parent(head, &splits, self.opts.parent_wait_flushes)
+            R::waiting_for_parent(head, &decoded, &splits, self.opts.parent_wait_flushes)
         };
         let mut kept_rows = Vec::new();
         let mut by_window: BTreeMap<u64, Vec<&R>> = BTreeMap::new();
-        for row in head.batches.iter().flat_map(|b| b.iter()) {
+        for row in decoded.iter().flat_map(|b| b.iter()) {
             if !waiting.is_empty() && row.trace_id().is_some_and(|t| waiting.contains(&t)) {
                 kept_rows.push(row.clone());
                 continue;
@@ -1337,12 +1387,17 @@ impl Store {
                 state.next_seq - 1
             };
             let wal_key = keys::head(tenant, R::SIGNAL, seq);
-            batch.put_cf(self.cf(CF_HEAD), &wal_key, seal(R::encode_rows(&kept_rows)));
+            let encoded = R::encode_rows(&kept_rows);
+            let payload = encoded.len();
+            let encoded = seal(encoded);
+            batch.put_cf(self.cf(CF_HEAD), &wal_key, &encoded);
             self.stats
                 .rows_waiting
                 .fetch_add(kept_rows.len() as u64, Ordering::Relaxed);
             Kept {
                 wal_key,
+                encoded,
+                payload,
                 rows: kept_rows,
                 waited: waiting
                     .into_iter()
@@ -1432,17 +1487,18 @@ impl Store {
         trace: &TraceId,
         max: usize,
     ) -> Result<(Vec<SpanRecord>, Option<usize>)> {
-        let (mut spans, blocks) = {
+        let (spans, blocks) = {
             let state = self.lock();
             let Some(t) = state.spans.get(tenant) else {
                 return Ok((Vec::new(), None));
             };
-            let mut spans = t.head.trace(trace);
+            let mut at = t.head.trace(trace);
             if let Some(f) = &t.frozen {
-                spans.extend(f.trace(trace));
+                at.extend(f.trace(trace));
             }
-            (spans, t.blocks.clone())
+            (at, t.blocks.clone())
         };
+        let mut spans = crate::head::rows_at(&spans)?;
         let mut located = self.trace_locations(tenant, trace)?;
         located.retain(|(addr, _)| blocks.contains_key(addr));
         let indexed = spans.len() + located.iter().map(|(_, e)| e.rows as usize).sum::<usize>();
@@ -1521,9 +1577,14 @@ impl Store {
 
     /// The blocks of a tenant, oldest first.
     pub fn blocks(&self, tenant: &TenantId) -> Vec<(BlockAddr, Arc<BlockMeta>)> {
-        self.snapshot(tenant)
-            .blocks
-            .iter()
+        let cutoff = self.cutoff(tenant, SPANS).map_or(0, |c| c.0);
+        let state = self.lock();
+        state
+            .spans
+            .get(tenant)
+            .into_iter()
+            .flat_map(|t| t.blocks.iter())
+            .filter(|(_, m)| m.max_start >= cutoff)
             .map(|(a, m)| (*a, m.clone()))
             .collect()
     }
@@ -1531,24 +1592,24 @@ impl Store {
     /// The span blocks and the unflushed spans (head and the head being flushed) of a
     /// tenant, as of one instant. Queries that read both go through one snapshot, so no row
     /// shows twice.
-    pub fn snapshot(&self, tenant: &TenantId) -> Snapshot {
+    pub fn snapshot(&self, tenant: &TenantId) -> Result<Snapshot> {
         self.snapshot_of(tenant)
     }
 
     /// [`Self::snapshot`] of a tenant's log records.
-    pub fn log_snapshot(&self, tenant: &TenantId) -> Snapshot<LogRecord> {
+    pub fn log_snapshot(&self, tenant: &TenantId) -> Result<Snapshot<LogRecord>> {
         self.snapshot_of(tenant)
     }
 
-    fn snapshot_of<R: Lane>(&self, tenant: &TenantId) -> Snapshot<R> {
+    fn snapshot_of<R: Lane>(&self, tenant: &TenantId) -> Result<Snapshot<R>> {
         let cutoff = self.cutoff(tenant, R::SIGNAL);
-        let (blocks, mut head, head_min, splits) = {
+        let (blocks, head, head_min, splits) = {
             let state = self.lock();
             let Some(t) = R::lanes(&state).get(tenant) else {
-                return Snapshot {
+                return Ok(Snapshot {
                     cutoff,
                     ..Default::default()
-                };
+                });
             };
             let splits = match R::SIGNAL {
                 Signal::Spans => state.splits.get(tenant).cloned().unwrap_or_default(),
@@ -1560,15 +1621,19 @@ impl Store {
                 batches.extend(f.batches.iter().cloned());
                 head_min = head_min.min(f.min_start);
             }
-            (t.blocks.clone(), HeadSnapshot { batches }, head_min, splits)
+            (t.blocks.clone(), batches, head_min, splits)
+        };
+        // decoded outside the lock
+        let mut head = HeadSnapshot {
+            batches: head.iter().map(|b| b.rows()).collect::<Result<Vec<_>>>()?,
         };
         let Some(c) = cutoff else {
-            return Snapshot {
+            return Ok(Snapshot {
                 blocks,
                 head,
                 cutoff,
                 splits,
-            };
+            });
         };
         let blocks = if blocks.values().any(|m| m.max_start < c.0) {
             Arc::new(
@@ -1588,12 +1653,12 @@ impl Store {
                 .map(|b| Arc::new(b.iter().filter(|r| r.time() >= c).cloned().collect()))
                 .collect();
         }
-        Snapshot {
+        Ok(Snapshot {
             blocks,
             head,
             cutoff,
             splits,
-        }
+        })
     }
 
     /// The oldest start time a read of a tenant's signal may return now; `None` when the
@@ -1901,6 +1966,24 @@ impl Store {
                 .sum::<usize>()
     }
 
+    /// Bytes of head rows kept decoded (see [`DecodedCache`]).
+    pub fn decoded_head_bytes(&self) -> usize {
+        self.decoded_heads.held()
+    }
+
+    /// Bytes the heads of every tenant and signal hold in memory (their rows' encodings and
+    /// their indexes), replayed rows included.
+    pub fn head_bytes(&self) -> usize {
+        fn sum<R: Row>(lanes: &HashMap<TenantId, TenantState<R>>) -> usize {
+            lanes
+                .values()
+                .map(|t| t.head.bytes + t.frozen.as_ref().map_or(0, |f| f.bytes))
+                .sum()
+        }
+        let state = self.lock();
+        sum(&state.spans) + sum(&state.logs) + sum(&state.metrics)
+    }
+
     /// Blocks of every signal.
     pub fn block_count(&self) -> usize {
         self.block_count_in(&self.lock())
@@ -1959,6 +2042,7 @@ trait Lane: Row {
     /// (none for a signal without parent links).
     fn waiting_for_parent(
         _head: &Head<Self>,
+        _rows: &[Arc<Vec<Self>>],
         _splits: &HashSet<TraceId>,
         _max_waits: u8,
     ) -> rustc_hash::FxHashSet<TraceId> {
@@ -1972,16 +2056,29 @@ trait Lane: Row {
 
     fn replay(
         state: &mut State,
+        cache: &Arc<DecodedCache>,
         tenant: TenantId,
         key: &[u8],
         value: &[u8],
         now: Instant,
     ) -> Result<()> {
-        let rows = Self::decode_rows(value)?;
+        let rows = Arc::new(Self::decode_rows(value)?);
         let t = Self::lanes_mut(state).entry(tenant).or_default();
         t.head.seen.extend(rows.iter().map(Row::id));
-        let bytes = head_bytes_of(&rows);
-        t.head.push(key.to_vec(), Arc::new(rows), now, bytes);
+        let batch = HeadBatch::new(
+            value.to_vec(),
+            value.len(),
+            &rows,
+            decoded_bytes(&rows),
+            cache,
+        );
+        t.head.push(
+            key.to_vec(),
+            batch,
+            &rows,
+            now,
+            held_bytes(value.len(), rows.len()),
+        );
         Ok(())
     }
 
@@ -2019,6 +2116,7 @@ impl Lane for SpanRecord {
     /// two blocks (waiting would not make it whole).
     fn waiting_for_parent(
         head: &Head<Self>,
+        batches: &[Arc<Vec<Self>>],
         splits: &HashSet<TraceId>,
         max_waits: u8,
     ) -> rustc_hash::FxHashSet<TraceId> {
@@ -2028,7 +2126,7 @@ impl Lane for SpanRecord {
             if head.waited.get(trace).is_some_and(|&n| n >= max_waits) || splits.contains(trace) {
                 continue;
             }
-            let row = |&(b, i): &(u32, u32)| &head.batches[b as usize][i as usize];
+            let row = |&(b, i): &(u32, u32)| &batches[b as usize][i as usize];
             ids.clear();
             ids.extend(rows.iter().map(|r| row(r).span_id));
             // a parent the span says is remote (W3C flags: is-remote known and set) is in
@@ -2082,9 +2180,16 @@ impl Lane for MetricPoint {
 /// What rows take in a head: their own memory and their places in its indexes (the identity
 /// set and the trace index, at their load factors), and in the write-ahead column family's
 /// memtable until RocksDB flushes it.
-fn head_bytes_of<R: Row>(rows: &[R]) -> usize {
-    const INDEXED: usize = 160;
-    rows.iter().map(|r| r.heap_bytes() + INDEXED).sum()
+/// What the decoded rows of a batch take in memory.
+fn decoded_bytes<R: Row>(rows: &[R]) -> usize {
+    rows.iter().map(Row::heap_bytes).sum()
+}
+
+/// What a head batch of `rows` rows encoded in `encoded` bytes holds, its share of the head's
+/// indexes (trace positions, identities) included: what the head budget counts.
+fn held_bytes(encoded: usize, rows: usize) -> usize {
+    const INDEXED: usize = 64;
+    encoded + rows * INDEXED
 }
 
 /// A RocksDB read error, named for the block part it was reading when RocksDB found its own

@@ -117,7 +117,7 @@ pub async fn trace_gpu(
         let from = spans.iter().map(|s| s.start.0).min().unwrap_or(0) / 1_000_000;
         let to = spans.iter().map(|s| s.end.0).max().unwrap_or(0) / 1_000_000;
         let served = served(&spans);
-        let source = Source::new(store, tenant);
+        let source = Source::new(store, tenant)?;
         // every canonical metric in one selection, answered in the vocabulary's order
         let shown: Vec<String> = CANONICAL
             .iter()

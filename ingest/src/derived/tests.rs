@@ -148,7 +148,7 @@ fn span_metrics_service_graph_and_llm_latencies_match_the_spans() {
 
     let catalog = store.series_catalog(&t).unwrap();
     let c = catalog.read().unwrap();
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     let points = store
         .metric_points(&t, &snapshot, None, None, None)
         .unwrap();

@@ -951,7 +951,8 @@ fn metric_incidents(
     sensitivity: f64,
 ) -> Result<Vec<Incident>> {
     use crate::promql::eval::{QueryResult, range_query};
-    let source = crate::promql::source::Source::new(store.clone(), run.tenant.clone());
+    let source = crate::promql::source::Source::new(store.clone(), run.tenant.clone())
+        .map_err(|e| crate::sql::SqlError::internal(e.to_string()))?;
     let (start, end) = (p.start.unwrap_or(0), p.end.unwrap_or(0));
     let step_ms = (step_ns / 1_000_000).max(1) as i64;
     let result = range_query(

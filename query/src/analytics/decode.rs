@@ -135,7 +135,7 @@ pub async fn tallies(
     let (start, end) = (p.start, p.end);
     let windows = ask.windows.len();
     let work = move || {
-        let snapshot = store.snapshot(&tenant);
+        let snapshot = store.snapshot(&tenant).map_err(err)?;
         let (lo, hi) = snapshot.range(start, end);
         let head = RequestCell::default().get(&store, &tenant, &snapshot)?;
         let scan = Scan {

@@ -204,7 +204,7 @@ pub fn scan(
 ) -> Result<Vec<Finding>, QueryError> {
     let in_range = |t: u64| start.is_none_or(|s| t >= s) && end.is_none_or(|e| t < e);
     let mut scan = Scan::default();
-    let spans = store.snapshot(tenant);
+    let spans = store.snapshot(tenant)?;
     let mut visit = |s: &weft_storage::model::SpanRecord| {
         if in_range(s.start.0) {
             scan.row(Row {
@@ -232,7 +232,7 @@ pub fn scan(
             rows.iter().for_each(&mut visit);
         }
     }
-    let logs = store.log_snapshot(tenant);
+    let logs = store.log_snapshot(tenant)?;
     let window = LogScan {
         from: start,
         to: end.map(|e| e.saturating_sub(1)),

@@ -97,15 +97,15 @@ pub fn format_float(v: f64) -> String {
 }
 
 impl Source {
-    pub fn new(store: Arc<Store>, tenant: TenantId) -> Self {
-        let snapshot = store.metric_snapshot(&tenant);
+    pub fn new(store: Arc<Store>, tenant: TenantId) -> weft_storage::Result<Self> {
+        let snapshot = store.metric_snapshot(&tenant)?;
         let catalog = store.series_catalog(&tenant).unwrap_or_default();
-        Self {
+        Ok(Self {
             store,
             tenant,
             snapshot,
             catalog,
-        }
+        })
     }
 
     /// The stored series that may show as a series the matchers choose, each with the parts

@@ -28,7 +28,7 @@ fn store_with(series: &[(Series, Vec<(i64, PointValue)>)]) -> (tempfile::TempDir
         }
     }
     store.append_points(&t, points).unwrap();
-    (dir, Source::new(store, t))
+    (dir, Source::new(store, t).unwrap())
 }
 
 fn gauge(name: &str, labels: &[(&str, &str)], unit: &str, kind: MetricKind) -> Series {
@@ -328,7 +328,7 @@ fn a_counter_restart_is_seen_by_its_start_time_even_when_the_value_did_not_fall(
     })
     .collect();
     store.append_points(&t, points).unwrap();
-    let src = Source::new(store, t);
+    let src = Source::new(store, t).unwrap();
     let at = T0 + 75_000;
     let resets = vector(instant_query(&src, "resets(vllm_requests_total[2m])", at).unwrap());
     assert_eq!(resets[0].1, 1.0);

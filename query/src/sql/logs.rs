@@ -75,14 +75,14 @@ impl fmt::Debug for LogsTable {
 }
 
 impl LogsTable {
-    pub fn new(store: Arc<Store>, tenant: TenantId) -> Self {
-        let snapshot = store.log_snapshot(&tenant);
-        Self {
+    pub fn new(store: Arc<Store>, tenant: TenantId) -> weft_storage::Result<Self> {
+        let snapshot = store.log_snapshot(&tenant)?;
+        Ok(Self {
             store,
             tenant,
             snapshot,
             schema: schema(),
-        }
+        })
     }
 }
 

@@ -119,8 +119,8 @@ impl fmt::Debug for MetricsTable {
 }
 
 impl MetricsTable {
-    pub fn new(store: Arc<Store>, tenant: TenantId) -> Self {
-        let snapshot = store.metric_snapshot(&tenant);
+    pub fn new(store: Arc<Store>, tenant: TenantId) -> weft_storage::Result<Self> {
+        let snapshot = store.metric_snapshot(&tenant)?;
         let catalog = store.series_catalog(&tenant).unwrap_or_default();
         let mut columns: Vec<(String, Kind)> =
             FIXED.iter().map(|(n, k)| (n.to_string(), *k)).collect();
@@ -142,14 +142,14 @@ impl MetricsTable {
                 })
                 .collect::<Vec<_>>(),
         ));
-        Self {
+        Ok(Self {
             store,
             tenant,
             snapshot,
             catalog,
             columns,
             schema,
-        }
+        })
     }
 
     fn is_label(&self, column: &str) -> bool {

@@ -332,7 +332,10 @@ impl SqlEngine {
         let table_ctx = TableContext {
             store: self.store.clone(),
             tenant: tenant.clone(),
-            snapshot: self.store.snapshot(tenant),
+            snapshot: self
+                .store
+                .snapshot(tenant)
+                .map_err(|e| SqlError::internal(e.to_string()))?,
             pushdown,
             requests: Default::default(),
             scattered: Default::default(),
@@ -350,14 +353,17 @@ impl SqlEngine {
             ("traces", Arc::new(TracesTable::new(table_ctx))),
             (
                 "logs",
-                Arc::new(logs::LogsTable::new(self.store.clone(), tenant.clone())),
+                Arc::new(
+                    logs::LogsTable::new(self.store.clone(), tenant.clone())
+                        .map_err(|e| SqlError::internal(e.to_string()))?,
+                ),
             ),
             (
                 "metrics",
-                Arc::new(metrics::MetricsTable::new(
-                    self.store.clone(),
-                    tenant.clone(),
-                )),
+                Arc::new(
+                    metrics::MetricsTable::new(self.store.clone(), tenant.clone())
+                        .map_err(|e| SqlError::internal(e.to_string()))?,
+                ),
             ),
         ];
         let described = pg_catalog::CatalogTables(

@@ -325,7 +325,7 @@ fn the_log_fixture_reads_back() {
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     let tenant = TenantId::new("fixture-logs").unwrap();
     let logs = log_records();
-    let snapshot = store.log_snapshot(&tenant);
+    let snapshot = store.log_snapshot(&tenant).unwrap();
     let rows: u32 = snapshot.blocks.values().map(|m| m.rows).sum();
     assert_eq!(rows, 60, "block rows");
     assert_eq!(store.pending_rows(), logs.len() - 60, "head replayed");

@@ -27,7 +27,7 @@ impl Store {
         keep: &dyn Fn(&str, &str) -> bool,
         cell: &mut dyn FnMut(u64, i16, u64, &TraceId),
     ) -> Result<bool> {
-        let snapshot = self.snapshot(tenant);
+        let snapshot = self.snapshot(tenant)?;
         let (lo, hi) = snapshot.range(start, end);
         let in_range = snapshot.blocks_in((lo, hi));
         // every block must have cells, and a range end cutting a block must be a whole second

@@ -103,7 +103,7 @@ impl Store {
     /// Every log record of a trace (head and blocks), oldest first, through the trace-id
     /// index (a prefix bloom filter answers "none here" without reading data).
     pub fn trace_logs(&self, tenant: &TenantId, trace: &TraceId) -> Result<Vec<LogRecord>> {
-        let snapshot = self.log_snapshot(tenant);
+        let snapshot = self.log_snapshot(tenant)?;
         let cutoff = snapshot.cutoff.map_or(0, |c| c.0);
         let mut out: Vec<LogRecord> = snapshot
             .head

@@ -398,13 +398,11 @@ impl Store {
         let (blocks, head) = {
             let state = self.lock();
             let mut blocks: Vec<(BlockAddr, Arc<BlockMeta>)> = Vec::new();
-            let mut head = RoaringBitmap::new();
+            let mut head = Vec::new();
             if let Some(t) = state.metrics.get(tenant) {
                 blocks.extend(t.blocks.iter().map(|(a, m)| (*a, m.clone())));
                 let frozen = t.frozen.iter().flat_map(|f| f.batches.iter());
-                for batch in t.head.batches.iter().chain(frozen) {
-                    head.extend(batch.iter().map(|p| p.series));
-                }
+                head.extend(t.head.batches.iter().chain(frozen).cloned());
             }
             blocks.extend(
                 state
@@ -415,7 +413,10 @@ impl Store {
             );
             (blocks, head)
         };
-        let mut held = head;
+        let mut held = RoaringBitmap::new();
+        for batch in &head {
+            held.extend(batch.rows()?.iter().map(|p| p.series));
+        }
         for (addr, meta) in &blocks {
             held.extend(
                 self.series_runs_of(tenant, *addr, meta)?
@@ -469,7 +470,7 @@ impl Store {
     }
 
     /// [`Self::snapshot`] of a tenant's metric points.
-    pub fn metric_snapshot(&self, tenant: &TenantId) -> Snapshot<MetricPoint> {
+    pub fn metric_snapshot(&self, tenant: &TenantId) -> Result<Snapshot<MetricPoint>> {
         self.snapshot_of(tenant)
     }
 

@@ -211,7 +211,7 @@ impl Store {
         slots: &[usize],
         keep: impl Fn(&RequestRow) -> bool,
     ) -> Result<Option<RequestTable>> {
-        let snapshot = self.snapshot(tenant);
+        let snapshot = self.snapshot(tenant)?;
         let (lo, hi) = snapshot.range(start, end);
         let in_range = snapshot.blocks_in((lo, hi));
         for (_, meta) in &in_range {

@@ -24,7 +24,7 @@ impl Store {
         start: Option<u64>,
         end: Option<u64>,
     ) -> Result<OpRollup> {
-        let snapshot = self.snapshot(tenant);
+        let snapshot = self.snapshot(tenant)?;
         let (lo, hi) = snapshot.range(start, end);
         let mut total = OpRollup::default();
         for (addr, meta) in snapshot.blocks.iter() {

@@ -185,6 +185,80 @@ fn traces_read_back_equal_from_head_and_from_blocks() {
 }
 
 #[test]
+fn heads_with_no_room_to_keep_rows_decoded_answer_the_same() {
+    // every read and flush decodes the head's batches from their encodings
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        decoded_head_bytes: 0,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts.clone()).unwrap();
+    let t = tenant("a");
+    let spans = random_traces(3, 40);
+    for chunk in spans.chunks(61) {
+        store.append(&t, chunk.to_vec()).unwrap();
+    }
+    assert_eq!(store.decoded_head_bytes(), 0);
+    let want = by_trace(&spans);
+    for (id, spans) in &want {
+        assert_same(&store.trace(&t, id).unwrap(), spans);
+    }
+    let mut head: Vec<SpanRecord> = store.snapshot(&t).unwrap().head.rows().cloned().collect();
+    head.sort_by_key(|s| (s.trace_id, s.span_id));
+    let mut all = spans.clone();
+    all.sort_by_key(|s| (s.trace_id, s.span_id));
+    assert_eq!(head, all);
+    // a retry is still known from the encoded head
+    let again = store.append(&t, spans[..10].to_vec()).unwrap();
+    assert_eq!(again.duplicates, 10);
+    drop(store);
+    // replayed into encoded batches, then flushed from them
+    let store = Store::open(dir.path(), opts).unwrap();
+    for (id, spans) in &want {
+        assert_same(&store.trace(&t, id).unwrap(), spans);
+    }
+    store.flush(true).unwrap();
+    assert_eq!(store.pending_rows(), 0);
+    for (id, spans) in &want {
+        assert_same(&store.trace(&t, id).unwrap(), spans);
+    }
+}
+
+#[test]
+fn heads_count_their_encodings_against_the_budget_and_keep_few_rows_decoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        decoded_head_bytes: 64 << 10,
+        ..small_opts()
+    };
+    let store = Store::open(dir.path(), opts).unwrap();
+    let t = tenant("a");
+    let spans = random_traces(4, 40);
+    let decoded: usize = spans.iter().map(Row::heap_bytes).sum();
+    for chunk in spans.chunks(50) {
+        store.append(&t, chunk.to_vec()).unwrap();
+    }
+    let held = store.head_bytes();
+    assert!(held > 0);
+    assert!(
+        held < decoded,
+        "the head holds {held} bytes, its rows decoded take {decoded}"
+    );
+    assert!(store.decoded_head_bytes() <= 64 << 10);
+    // reading everything decodes every batch, and the cache stays within its budget
+    let n = store.snapshot(&t).unwrap().head.rows().count();
+    assert_eq!(n, spans.len());
+    assert!(store.decoded_head_bytes() <= 64 << 10);
+    store.flush(true).unwrap();
+    assert_eq!(store.head_bytes(), 0);
+    assert_eq!(
+        store.decoded_head_bytes(),
+        0,
+        "flushed batches leave nothing decoded"
+    );
+}
+
+#[test]
 fn a_retried_batch_is_stored_once_before_and_after_flush() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), small_opts()).unwrap();
@@ -885,7 +959,7 @@ fn retention_hides_old_rows_at_once_and_deletes_windows_that_fell_out() {
     store.compact();
     let bytes_before = store.rocksdb_property("rocksdb.live-sst-files-size");
     // a query that took its snapshot before window 0 fell out
-    let earlier = store.snapshot(&a);
+    let earlier = store.snapshot(&a).unwrap();
 
     // 3.5 hours later the cutoff is t0 + 1.5h, inside trace 3
     let cutoff = t0 + H + H / 2;
@@ -897,7 +971,7 @@ fn retention_hides_old_rows_at_once_and_deletes_windows_that_fell_out() {
     assert_eq!(straddling.len(), 5, "only the spans at or after the cutoff");
     assert!(straddling.iter().all(|s| s.start.0 >= cutoff));
     assert_eq!(store.trace(&b, &TraceId([1; 16])).unwrap().len(), 50);
-    let snap = store.snapshot(&a);
+    let snap = store.snapshot(&a).unwrap();
     assert_eq!(snap.cutoff, Some(UnixNanos(cutoff)));
     assert!(snap.head.rows().all(|s| s.start.0 >= cutoff));
     let mut live = 0u64;
@@ -962,12 +1036,12 @@ fn small_blocks_of_a_window_are_merged_and_every_read_is_unchanged() {
     let before = store.blocks(&t).len();
     assert!(before >= 20, "{before} small blocks");
     let keys_before = store.rocksdb_property("rocksdb.estimate-num-keys");
-    let split_before = store.snapshot(&t).splits.len();
+    let split_before = store.snapshot(&t).unwrap().splits.len();
     assert!(split_before > 0);
     assert!(store.merge_small_blocks().unwrap());
     let after = store.blocks(&t);
     // a trace is split exactly when more than one block holds it: merged whole, it is not
-    let split_after = store.snapshot(&t).splits.clone();
+    let split_after = store.snapshot(&t).unwrap().splits.clone();
     assert!(split_after.len() < split_before);
     for id in by_trace(&spans).keys() {
         let blocks = store.trace_locations(&t, id).unwrap().len();
@@ -1073,7 +1147,7 @@ fn merges_under_concurrent_reads_show_each_row_once() {
                             assert_same(&got, want);
                         }
                     }
-                    let snap = store.snapshot(&t);
+                    let snap = store.snapshot(&t).unwrap();
                     let rows: usize = snap.blocks.values().map(|m| m.rows as usize).sum();
                     assert!(rows + snap.head.rows().count() <= spans_len(&expected));
                     reads += 1;
@@ -1121,7 +1195,7 @@ fn blocks_merged_before_a_crash_are_deleted_at_the_next_open() {
             store.append(&t, chunk.to_vec()).unwrap();
             store.flush(true).unwrap();
         }
-        let reader = store.snapshot(&t); // holds the old blocks: their data stays
+        let reader = store.snapshot(&t).unwrap(); // holds the old blocks: their data stays
         store.merge_small_blocks().unwrap();
         merged_blocks = store.blocks(&t).len();
         assert_eq!(store.lock().retired.len(), 5);
@@ -1204,7 +1278,13 @@ fn split_keys_go_with_the_last_block_of_their_trace() {
         store.flush(true).unwrap();
     }
     let split = |store: &Store| -> Vec<u8> {
-        let mut ids: Vec<u8> = store.snapshot(&a).splits.iter().map(|t| t.0[0]).collect();
+        let mut ids: Vec<u8> = store
+            .snapshot(&a)
+            .unwrap()
+            .splits
+            .iter()
+            .map(|t| t.0[0])
+            .collect();
         ids.sort_unstable();
         ids
     };

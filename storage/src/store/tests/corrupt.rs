@@ -209,7 +209,7 @@ fn left_out_on_request_a_damaged_block_stays_out_until_retention_takes_it() {
     assert_eq!(store.trace(&t, &TraceId([1; 16])).unwrap().len(), 0);
     assert_eq!(store.trace(&t, &TraceId([2; 16])).unwrap().len(), 0);
     assert_eq!(store.trace(&t, &TraceId([3; 16])).unwrap().len(), 20);
-    let snapshot = store.snapshot(&t);
+    let snapshot = store.snapshot(&t).unwrap();
     assert_eq!(
         snapshot.blocks.keys().copied().collect::<Vec<_>>(),
         vec![new]

@@ -85,7 +85,7 @@ pub(super) fn random_logs(seed: u64, n: usize) -> Vec<LogRecord> {
 
 /// Every log record of a tenant, whole, from its blocks and head (sorted for comparison).
 fn all_logs(store: &Store, t: &TenantId) -> Vec<LogRecord> {
-    let snapshot = store.log_snapshot(t);
+    let snapshot = store.log_snapshot(t).unwrap();
     let mut out: Vec<LogRecord> = snapshot.head.rows().cloned().collect();
     for (addr, meta) in snapshot.blocks.iter() {
         let reader = store.reader_of(t, Signal::Logs, *addr, meta);
@@ -114,7 +114,7 @@ fn log_records_read_back_equal_from_the_head_from_blocks_and_after_a_crash() {
         store.append_logs(&t, logs[..700].to_vec()).unwrap();
         assert_eq!(all_logs(&store, &t), sorted(logs[..700].to_vec()), "head");
         store.flush(true).unwrap();
-        assert!(store.log_snapshot(&t).head.rows().next().is_none());
+        assert!(store.log_snapshot(&t).unwrap().head.rows().next().is_none());
         assert_eq!(all_logs(&store, &t), sorted(logs[..700].to_vec()), "blocks");
         store.append_logs(&t, logs[700..].to_vec()).unwrap();
         // dropped without a flush: the rest is only in the write-ahead head
@@ -123,7 +123,10 @@ fn log_records_read_back_equal_from_the_head_from_blocks_and_after_a_crash() {
     assert_eq!(all_logs(&store, &t), sorted(logs.clone()), "replayed");
     store.flush(true).unwrap();
     assert_eq!(all_logs(&store, &t), sorted(logs), "flushed after replay");
-    assert!(store.snapshot(&t).blocks.is_empty(), "no span blocks");
+    assert!(
+        store.snapshot(&t).unwrap().blocks.is_empty(),
+        "no span blocks"
+    );
 }
 
 #[test]
@@ -161,7 +164,7 @@ fn a_log_scan_by_time_and_terms_agrees_with_a_naive_filter() {
     store.append_logs(&t, logs[..1_500].to_vec()).unwrap();
     store.flush(true).unwrap();
     store.append_logs(&t, logs[1_500..].to_vec()).unwrap();
-    let snapshot = store.log_snapshot(&t);
+    let snapshot = store.log_snapshot(&t).unwrap();
     assert!(!snapshot.blocks.is_empty() && snapshot.head.rows().next().is_some());
     let (from, to) = (T0 + 300 * 1_000_000, T0 + 1_700 * 1_000_000);
     type Terms = Vec<(&'static str, Vec<String>)>;
@@ -250,10 +253,10 @@ fn small_log_blocks_are_merged_and_windows_out_of_retention_deleted() {
     // spans of the same tenant are kept forever: retention is per signal
     store.append(&t, vec![super::span_at(1, 1, t0)]).unwrap();
     store.flush(true).unwrap();
-    let before = store.log_snapshot(&t).blocks.len();
+    let before = store.log_snapshot(&t).unwrap().blocks.len();
     assert!(before >= 20, "{before} small blocks");
     assert!(store.merge_small_blocks().unwrap());
-    let merged = store.log_snapshot(&t).blocks;
+    let merged = store.log_snapshot(&t).unwrap().blocks;
     let windows: HashSet<u64> = merged.keys().map(|a| a.window).collect();
     assert_eq!(
         (merged.len(), windows.len()),
@@ -263,17 +266,21 @@ fn small_log_blocks_are_merged_and_windows_out_of_retention_deleted() {
     assert_eq!(all_logs(&store, &t), sorted(logs.clone()));
     // window 0 falls out: hidden at once, deleted by the retention task
     clock.set(UnixNanos(t0 + 2 * H + H / 2));
-    let snapshot = store.log_snapshot(&t);
+    let snapshot = store.log_snapshot(&t).unwrap();
     let seen = scanned_rows(&store.scan_logs(&t, &snapshot, &LogScan::default()).unwrap());
     assert_eq!(seen, 300, "only window 1 is readable");
     assert!(store.text_view(&t, t0).unwrap().is_some());
     store.enforce_retention().unwrap();
-    assert_eq!(store.log_snapshot(&t).blocks.len(), 1);
+    assert_eq!(store.log_snapshot(&t).unwrap().blocks.len(), 1);
     // the window's text index went with its blocks; the other one holds its merged block
     assert!(store.text_view(&t, t0).unwrap().is_none());
     let view = store.text_view(&t, t0 + H).unwrap().unwrap();
     assert_eq!(view.blocks.len(), 1);
-    assert_eq!(store.snapshot(&t).blocks.len(), 1, "the span block stays");
+    assert_eq!(
+        store.snapshot(&t).unwrap().blocks.len(),
+        1,
+        "the span block stays"
+    );
     let left = all_logs(&store, &t);
     assert!(left.iter().all(|l| l.time.0 >= t0 + H) && left.len() == 300);
 }

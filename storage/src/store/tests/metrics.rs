@@ -118,7 +118,7 @@ fn series_get_stable_ids_and_points_survive_flush_restart_and_retry() {
         .unwrap();
     assert_eq!(id, vec![4]);
     // replayed head points and block points read back whole
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     let all = store
         .metric_points(&t, &snapshot, None, None, None)
         .unwrap();
@@ -126,7 +126,7 @@ fn series_get_stable_ids_and_points_survive_flush_restart_and_retry() {
     expected.sort_by_key(|p| (p.series, p.time));
     assert_eq!(all, expected);
     store.flush(true).unwrap();
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     assert_eq!(
         store
             .metric_points(&t, &snapshot, None, None, None)
@@ -194,10 +194,10 @@ fn metric_blocks_merge_and_expire_like_every_signal() {
         store.append_points(&t, chunk.to_vec()).unwrap();
         store.flush(true).unwrap();
     }
-    let before = store.metric_snapshot(&t).blocks.len();
+    let before = store.metric_snapshot(&t).unwrap().blocks.len();
     assert!(before >= 6, "{before} blocks");
     while store.merge_small_blocks().unwrap() {}
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     assert!(snapshot.blocks.len() < before);
     let mut expected = written.clone();
     expected.sort_by_key(|p| (p.series, p.time));
@@ -210,7 +210,7 @@ fn metric_blocks_merge_and_expire_like_every_signal() {
     // two hours later every point is out of retention
     clock.set(UnixNanos(T0 + 2 * 3600 * 1_000_000_000 + 30 * STEP));
     store.enforce_retention().unwrap();
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     assert!(snapshot.blocks.is_empty());
     assert!(
         store
@@ -299,7 +299,7 @@ fn series_go_with_their_last_points() {
     store
         .append_points(&t, vec![point(back, T0 + 3 * H + H / 2)])
         .unwrap();
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     let got = store
         .metric_points(&t, &snapshot, None, None, None)
         .unwrap();
@@ -338,7 +338,7 @@ fn metric_values_agree_with_whole_points() {
     store.append_points(&t, blocks).unwrap();
     store.flush(true).unwrap();
     store.append_points(&t, head).unwrap();
-    let snapshot = store.metric_snapshot(&t);
+    let snapshot = store.metric_snapshot(&t).unwrap();
     assert!(
         snapshot.blocks.len() >= 4,
         "{} blocks",

@@ -13,7 +13,7 @@ use crate::text::tokenizer::tokens;
 
 /// Every block row whose `field` has all of `words` in a row (naively, over decoded records).
 fn naive(store: &Store, t: &TenantId, field: &str, words: &[&str]) -> BTreeSet<(u64, u32)> {
-    let snapshot = store.log_snapshot(t);
+    let snapshot = store.log_snapshot(t).unwrap();
     let mut out = BTreeSet::new();
     for (addr, meta) in snapshot.blocks.iter() {
         let reader = store.reader_of(t, Signal::Logs, *addr, meta);
@@ -40,7 +40,7 @@ fn naive(store: &Store, t: &TenantId, field: &str, words: &[&str]) -> BTreeSet<(
 }
 
 fn indexed(store: &Store, t: &TenantId, query: &dyn Query) -> BTreeSet<(u64, u32)> {
-    let snapshot = store.log_snapshot(t);
+    let snapshot = store.log_snapshot(t).unwrap();
     let windows: BTreeSet<u64> = snapshot.blocks.keys().map(|a| a.window).collect();
     let mut out = BTreeSet::new();
     for w in windows {
@@ -114,10 +114,22 @@ fn the_text_index_answers_what_the_records_say_through_flushes_merges_restarts_a
         }
         check(&store, &t);
         // a flush that is not forced leaves the index to the index task
-        let before: BTreeSet<BlockAddr> = store.log_snapshot(&t).blocks.keys().copied().collect();
+        let before: BTreeSet<BlockAddr> = store
+            .log_snapshot(&t)
+            .unwrap()
+            .blocks
+            .keys()
+            .copied()
+            .collect();
         store.append_logs(&t, random_logs(7, 400)).unwrap();
         assert!(store.flush(false).unwrap() > 0);
-        let after: BTreeSet<BlockAddr> = store.log_snapshot(&t).blocks.keys().copied().collect();
+        let after: BTreeSet<BlockAddr> = store
+            .log_snapshot(&t)
+            .unwrap()
+            .blocks
+            .keys()
+            .copied()
+            .collect();
         let new: Vec<&BlockAddr> = after.difference(&before).collect();
         assert!(!new.is_empty());
         for addr in &new {
@@ -144,7 +156,7 @@ fn the_text_index_answers_what_the_records_say_through_flushes_merges_restarts_a
         store.test_skip_text.store(true, Ordering::SeqCst);
         store.append_logs(&t, random_logs(6, 500)).unwrap();
         store.flush(true).unwrap();
-        let snapshot = store.log_snapshot(&t);
+        let snapshot = store.log_snapshot(&t).unwrap();
         let (addr, _) = snapshot.blocks.iter().next_back().unwrap();
         let view = store.text_view(&t, addr.window).unwrap().unwrap();
         assert!(!view.blocks.contains(&addr.block), "not indexed yet");
