@@ -479,9 +479,10 @@ impl Config {
             )?,
             ..store_default
         };
-        // heads hold their rows encoded; an eighth of their budget more keeps the batches
-        // written and read last decoded
-        store.decoded_head_bytes = store.max_head_bytes / 8;
+        // heads hold their rows encoded; half of their budget keeps the batches written and
+        // read last decoded (a tenant's head in full, most of the time, so that its flush
+        // decodes nothing)
+        store.decoded_head_bytes = store.max_head_bytes / 2;
         if store.window < Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
                 key: "block_window",

@@ -406,7 +406,7 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     gauge(
         &mut out,
         "weft_head_bytes",
-        "Bytes the rows not yet in blocks hold in memory, as the head budget counts them.",
+        "Bytes the rows not yet in blocks count against --head-memory (as decoded, with their indexes).",
         store.head_bytes() as f64,
     );
     gauge(

@@ -50,7 +50,7 @@ pub struct StoreOptions {
     pub flush_age: Duration,
     /// Refuse appends (retryably) while this many rows wait for flush.
     pub max_pending_rows: usize,
-    /// Memory (their rows' encodings and indexes) that every tenant's heads may hold together: past
+    /// Memory (their rows as decoded, see [`Row::heap_bytes`], and indexes) that every tenant's heads may hold together: past
     /// half of it every head is flushed, past it appends are refused (retryably) until
     /// flushes catch up. Many tenants each under their own flush size would otherwise hold a
     /// flush age of traffic in memory. 0: no bound.
@@ -101,7 +101,7 @@ impl Default for StoreOptions {
             skip_corrupt_blocks: false,
             min_free_disk: 256 << 20,
             max_tenants: 10_000,
-            decoded_head_bytes: 128 << 20,
+            decoded_head_bytes: 512 << 20,
         }
     }
 }
@@ -943,7 +943,8 @@ impl Store {
         let encoded = R::encode_rows(&fresh);
         let payload = encoded.len();
         let value = seal(encoded);
-        let bytes = held_bytes(payload, fresh.len());
+        let decoded = decoded_bytes(&fresh);
+        let bytes = budgeted_bytes(decoded, fresh.len());
         let written = self.write_hook(fresh.len()).and_then(|()| {
             Ok(self
                 .db
@@ -966,15 +967,8 @@ impl Store {
         let durable = written.is_ok();
         let fresh = Arc::new(fresh);
         // made before the lock: keeping the rows decoded may drop older batches' rows
-        let batch = durable.then(|| {
-            HeadBatch::new(
-                value,
-                payload,
-                &fresh,
-                decoded_bytes(&fresh),
-                &self.decoded_heads,
-            )
-        });
+        let batch =
+            durable.then(|| HeadBatch::new(value, payload, &fresh, decoded, &self.decoded_heads));
         let mut state = self.lock();
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mut write = None;
@@ -1126,13 +1120,14 @@ impl Store {
                     texts.push((tenant.clone(), text));
                     if let Some(kept) = kept {
                         t.head.seen.extend(kept.rows.iter().map(Row::id));
-                        let bytes = held_bytes(kept.payload, kept.rows.len());
                         let rows = Arc::new(kept.rows);
+                        let decoded = decoded_bytes(&rows);
+                        let bytes = budgeted_bytes(decoded, rows.len());
                         let batch = HeadBatch::new(
                             kept.encoded,
                             kept.payload,
                             &rows,
-                            decoded_bytes(&rows),
+                            decoded,
                             &self.decoded_heads,
                         );
                         t.head
@@ -1971,8 +1966,8 @@ impl Store {
         self.decoded_heads.held()
     }
 
-    /// Bytes the heads of every tenant and signal hold in memory (their rows' encodings and
-    /// their indexes), replayed rows included.
+    /// Bytes the heads of every tenant and signal count against the head budget (their rows
+    /// as decoded, and their indexes), replayed rows included.
     pub fn head_bytes(&self) -> usize {
         fn sum<R: Row>(lanes: &HashMap<TenantId, TenantState<R>>) -> usize {
             lanes
@@ -2065,20 +2060,10 @@ trait Lane: Row {
         let rows = Arc::new(Self::decode_rows(value)?);
         let t = Self::lanes_mut(state).entry(tenant).or_default();
         t.head.seen.extend(rows.iter().map(Row::id));
-        let batch = HeadBatch::new(
-            value.to_vec(),
-            value.len(),
-            &rows,
-            decoded_bytes(&rows),
-            cache,
-        );
-        t.head.push(
-            key.to_vec(),
-            batch,
-            &rows,
-            now,
-            held_bytes(value.len(), rows.len()),
-        );
+        let decoded = decoded_bytes(&rows);
+        let batch = HeadBatch::new(value.to_vec(), value.len(), &rows, decoded, cache);
+        let bytes = budgeted_bytes(decoded, rows.len());
+        t.head.push(key.to_vec(), batch, &rows, now, bytes);
         Ok(())
     }
 
@@ -2185,11 +2170,12 @@ fn decoded_bytes<R: Row>(rows: &[R]) -> usize {
     rows.iter().map(Row::heap_bytes).sum()
 }
 
-/// What a head batch of `rows` rows encoded in `encoded` bytes holds, its share of the head's
-/// indexes (trace positions, identities) included: what the head budget counts.
-fn held_bytes(encoded: usize, rows: usize) -> usize {
-    const INDEXED: usize = 64;
-    encoded + rows * INDEXED
+/// What the head budget counts for a batch of `rows` rows whose decoded rows take `decoded`
+/// bytes: the rows decoded (a flush decodes them all, whatever the head holds meanwhile) and
+/// their share of the head's indexes (trace positions, identities).
+fn budgeted_bytes(decoded: usize, rows: usize) -> usize {
+    const INDEXED: usize = 160;
+    decoded + rows * INDEXED
 }
 
 /// A RocksDB read error, named for the block part it was reading when RocksDB found its own
