@@ -1,16 +1,15 @@
 //! The head: rows acknowledged since the last flush, kept in memory (and in the write-ahead
 //! column family) and queryable at once. One head per tenant and signal.
 //!
-//! A head batch is held as its write-ahead encoding (several times smaller than its decoded
-//! rows, and one allocation instead of several small ones per row, which a thousand tenants'
-//! interleaved writes would otherwise scatter over the allocator's pages), and decoded for
-//! reads and flushes. The decoded forms of the batches written or
-//! read last are kept in a [`DecodedCache`] whose byte budget every tenant and signal share,
-//! so that a live query over a busy head does not decode it again each time, while a thousand
-//! tenants' heads do not hold a thousand tenants' decoded rows.
+//! A head batch is held either decoded or as its write-ahead encoding (several times smaller
+//! than its rows, and one allocation instead of several small ones per row, which a thousand
+//! tenants' interleaved writes would otherwise scatter over the allocator's pages), never both.
+//! Batches stay decoded while a [`DecodedCache`], whose byte budget every tenant and signal
+//! share, has room for them; past it the batches kept longest are encoded again (encoding is
+//! several times cheaper than decoding), and read or flushed by decoding them. One busy
+//! tenant's head thus stays decoded, while a thousand tenants' heads do not.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
@@ -19,8 +18,13 @@ use crate::error::Result;
 use crate::model::{SpanRecord, TraceId};
 use crate::signal::Row;
 
-/// Decoded head batches kept for reads and flushes, the oldest dropped first once they hold
-/// more than the budget. Shared by every tenant and signal of a store.
+/// A batch whose decoded rows the cache can give up.
+trait Encodable: Send + Sync {
+    fn encode(&self);
+}
+
+/// Which head batches are held decoded, the oldest encoded again once they hold more than the
+/// budget. Shared by every tenant and signal of a store.
 pub struct DecodedCache {
     budget: usize,
     inner: Mutex<CacheInner>,
@@ -29,8 +33,8 @@ pub struct DecodedCache {
 #[derive(Default)]
 struct CacheInner {
     held: usize,
-    /// By the address of the decoded rows' allocation: the rows and their bytes.
-    entries: FxHashMap<usize, (Arc<dyn Any + Send + Sync>, usize)>,
+    /// By the batch's address: the batch and what its decoded rows take.
+    entries: FxHashMap<usize, (Weak<dyn Encodable>, usize)>,
     /// Addresses in the order they were kept (an address forgotten since is skipped).
     order: VecDeque<usize>,
 }
@@ -43,7 +47,7 @@ impl DecodedCache {
         }
     }
 
-    /// Bytes of the decoded rows kept now.
+    /// Bytes of the decoded rows held now.
     pub fn held(&self) -> usize {
         self.lock().held
     }
@@ -52,89 +56,109 @@ impl DecodedCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn keep<R: Row>(&self, rows: &Arc<Vec<R>>, bytes: usize) {
+    /// Whether there is room for `bytes` more (always for a batch the cache cannot hold at
+    /// all: it is encoded at once).
+    fn admit(&self, key: usize, batch: Weak<dyn Encodable>, bytes: usize) -> bool {
         if bytes > self.budget {
-            return;
+            return false;
         }
-        let key = address(rows);
-        let mut inner = self.lock();
-        let erased: Arc<dyn Any + Send + Sync> = rows.clone();
-        if inner.entries.insert(key, (erased, bytes)).is_some() {
-            return;
-        }
-        inner.held += bytes;
-        inner.order.push_back(key);
-        // evicted rows are dropped after the lock is released: a large batch's rows take a
-        // while to free
-        let mut evicted = Vec::new();
-        while inner.held > self.budget {
-            let Some(oldest) = inner.order.pop_front() else {
-                break;
-            };
-            if let Some((rows, bytes)) = inner.entries.remove(&oldest) {
-                inner.held -= bytes;
-                evicted.push(rows);
+        let evicted = {
+            let mut inner = self.lock();
+            if inner.entries.insert(key, (batch, bytes)).is_some() {
+                return true;
+            }
+            inner.held += bytes;
+            inner.order.push_back(key);
+            let mut evicted = Vec::new();
+            while inner.held > self.budget {
+                let Some(oldest) = inner.order.pop_front() else {
+                    break;
+                };
+                if let Some((batch, bytes)) = inner.entries.remove(&oldest) {
+                    inner.held -= bytes;
+                    evicted.push(batch);
+                }
+            }
+            // forgotten addresses leave stale entries in `order`; bound them
+            if inner.order.len() > 2 * inner.entries.len() + 64 {
+                let CacheInner { entries, order, .. } = &mut *inner;
+                order.retain(|k| entries.contains_key(k));
+            }
+            evicted
+        };
+        // encoded outside the cache's lock
+        for batch in evicted {
+            if let Some(batch) = batch.upgrade() {
+                batch.encode();
             }
         }
-        // forgotten addresses leave stale entries in `order`; bound them
-        if inner.order.len() > 2 * inner.entries.len() + 64 {
-            let CacheInner { entries, order, .. } = &mut *inner;
-            order.retain(|k| entries.contains_key(k));
-        }
-        drop(inner);
-        drop(evicted);
+        true
+    }
+
+    fn holds(&self, key: usize) -> bool {
+        self.lock().entries.contains_key(&key)
     }
 
     fn forget(&self, key: usize) {
-        let removed = {
-            let mut inner = self.lock();
-            let removed = inner.entries.remove(&key);
-            if let Some((_, bytes)) = &removed {
-                inner.held -= bytes;
-            }
-            removed
-        };
-        drop(removed);
+        let mut inner = self.lock();
+        if let Some((_, bytes)) = inner.entries.remove(&key) {
+            inner.held -= bytes;
+        }
     }
 }
 
-fn address<T>(rows: &Arc<T>) -> usize {
-    Arc::as_ptr(rows) as *const () as usize
+enum Held<R> {
+    Decoded(Arc<Vec<R>>),
+    /// The rows' encoding, and the rows while a reader still holds them (so that readers at
+    /// the same time share one copy).
+    Encoded(Vec<u8>, Weak<Vec<R>>),
 }
 
-/// One write-ahead batch of a head: its encoding, and its decoded rows while a reader or the
-/// cache holds them.
+/// One write-ahead batch of a head.
 pub struct HeadBatch<R: Row> {
-    encoded: Vec<u8>,
-    /// The encoding's length within `encoded` (which may end with the write-ahead trailer).
-    payload: usize,
+    held: Mutex<Held<R>>,
     rows: usize,
     /// What the decoded rows take in memory (see `Row::heap_bytes`).
     decoded_bytes: usize,
-    decoded: Mutex<Weak<Vec<R>>>,
     cache: Arc<DecodedCache>,
+    /// This batch, as the cache refers to it.
+    me: Weak<HeadBatch<R>>,
 }
 
 impl<R: Row> HeadBatch<R> {
-    /// A batch of `rows`, encoded as the first `payload` bytes of `encoded`; the rows stay
-    /// decoded in `cache` while it has room.
+    /// A batch of `rows`, kept decoded while `cache` has room, else as `encoding` (their
+    /// encoding; `None`: encode them if needed).
     pub fn new(
-        mut encoded: Vec<u8>,
-        payload: usize,
-        rows: &Arc<Vec<R>>,
+        rows: Arc<Vec<R>>,
+        encoding: Option<&[u8]>,
         decoded_bytes: usize,
         cache: &Arc<DecodedCache>,
     ) -> Arc<Self> {
-        encoded.shrink_to_fit();
-        cache.keep(rows, decoded_bytes);
-        Arc::new(Self {
-            encoded,
-            payload,
-            rows: rows.len(),
+        let n = rows.len();
+        let batch = Arc::new_cyclic(|me| Self {
+            held: Mutex::new(Held::Decoded(rows)),
+            rows: n,
             decoded_bytes,
-            decoded: Mutex::new(Arc::downgrade(rows)),
             cache: cache.clone(),
-        })
+            me: me.clone(),
+        });
+        let me: Weak<dyn Encodable> = batch.me.clone();
+        if !cache.admit(batch.key(), me, decoded_bytes) {
+            let mut held = batch.lock();
+            if let Held::Decoded(rows) = &*held {
+                let bytes = encoding.map_or_else(|| R::encode_rows(rows), <[u8]>::to_vec);
+                *held = Held::Encoded(bytes, Arc::downgrade(rows));
+            }
+        }
+        batch
+    }
+
+    fn key(&self) -> usize {
+        self.me.as_ptr() as *const () as usize
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held<R>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn len(&self) -> usize {
@@ -145,31 +169,48 @@ impl<R: Row> HeadBatch<R> {
         self.rows == 0
     }
 
-    /// Bytes of the encoding held.
-    pub fn encoded_bytes(&self) -> usize {
-        self.encoded.capacity()
-    }
-
-    /// The batch's rows: those a reader or the cache holds, or decoded again (and kept in the
-    /// cache while it has room).
+    /// The batch's rows: decoded already, or decoded now (and kept decoded while the cache
+    /// has room).
     pub fn rows(&self) -> Result<Arc<Vec<R>>> {
-        let mut decoded = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(rows) = decoded.upgrade() {
-            return Ok(rows);
+        let rows = {
+            let mut held = self.lock();
+            match &mut *held {
+                Held::Decoded(rows) => return Ok(rows.clone()),
+                Held::Encoded(bytes, shared) => match shared.upgrade() {
+                    Some(rows) => rows,
+                    None => {
+                        let rows = Arc::new(R::decode_rows(bytes)?);
+                        *shared = Arc::downgrade(&rows);
+                        rows
+                    }
+                },
+            }
+        };
+        let me: Weak<dyn Encodable> = self.me.clone();
+        if self.cache.admit(self.key(), me, self.decoded_bytes) {
+            let mut held = self.lock();
+            // encoded again meanwhile by an eviction: stays so
+            if matches!(&*held, Held::Encoded(..)) && self.cache.holds(self.key()) {
+                *held = Held::Decoded(rows.clone());
+            }
         }
-        let rows = Arc::new(R::decode_rows(&self.encoded[..self.payload])?);
-        *decoded = Arc::downgrade(&rows);
-        drop(decoded);
-        self.cache.keep(&rows, self.decoded_bytes);
         Ok(rows)
+    }
+}
+
+impl<R: Row> Encodable for HeadBatch<R> {
+    fn encode(&self) {
+        let mut held = self.lock();
+        if let Held::Decoded(rows) = &*held {
+            let bytes = R::encode_rows(rows);
+            *held = Held::Encoded(bytes, Arc::downgrade(rows));
+        }
     }
 }
 
 impl<R: Row> Drop for HeadBatch<R> {
     fn drop(&mut self) {
-        let decoded = self.decoded.get_mut().unwrap_or_else(|e| e.into_inner());
-        // the weak reference keeps the address from being reused while it is looked up
-        self.cache.forget(decoded.as_ptr() as *const () as usize);
+        self.cache.forget(self.key());
     }
 }
 
@@ -305,44 +346,51 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        let encoded = LogRecord::encode_rows(&rows);
-        let len = encoded.len();
-        let decoded = Arc::new(rows.clone());
-        (HeadBatch::new(encoded, len, &decoded, 1_000, cache), rows)
+        (
+            HeadBatch::new(Arc::new(rows.clone()), None, 1_000, cache),
+            rows,
+        )
+    }
+
+    fn decoded(b: &HeadBatch<LogRecord>) -> bool {
+        matches!(&*b.lock(), Held::Decoded(_))
     }
 
     #[test]
-    fn the_oldest_decoded_batches_go_first_and_come_back_equal() {
+    fn the_oldest_batches_are_encoded_first_and_decode_back_equal() {
         let cache = Arc::new(DecodedCache::new(2_500));
         let (a, rows_a) = batch(&cache, 3);
         let (b, _) = batch(&cache, 4);
         assert_eq!(cache.held(), 2_000);
         let (c, rows_c) = batch(&cache, 5);
-        // a was evicted, b and c are kept
         assert_eq!(cache.held(), 2_000);
+        assert!(!decoded(&a) && decoded(&b) && decoded(&c));
         assert_eq!(*a.rows().unwrap(), rows_a);
-        // decoding a again kept it and evicted b
+        // decoding a kept it decoded, and encoded b
         assert_eq!(cache.held(), 2_000);
+        assert!(decoded(&a) && !decoded(&b) && decoded(&c));
         let held_c = c.rows().unwrap();
         assert_eq!(*held_c, rows_c);
         drop(b);
         drop(c);
-        // c's rows are still held by a reader, but the cache forgot them with their batch
-        assert_eq!(cache.held(), 1_000);
+        assert_eq!(cache.held(), 1_000, "a dropped batch leaves the cache");
         assert_eq!(*held_c, rows_c);
         drop(a);
         assert_eq!(cache.held(), 0);
     }
 
     #[test]
-    fn a_reader_keeps_evicted_rows_shared_until_it_lets_go() {
-        let cache = Arc::new(DecodedCache::new(1_000));
-        let (a, _) = batch(&cache, 2);
+    fn readers_share_the_rows_of_an_encoded_batch_and_none_fit_a_zero_budget() {
+        let cache = Arc::new(DecodedCache::new(0));
+        let (a, rows) = batch(&cache, 2);
+        assert!(!decoded(&a));
         let first = a.rows().unwrap();
-        let (_b, _) = batch(&cache, 2);
-        // evicted from the cache, but the reader's copy is the one handed out again
-        assert!(Arc::ptr_eq(&first, &a.rows().unwrap()));
+        assert!(
+            Arc::ptr_eq(&first, &a.rows().unwrap()),
+            "one copy while it is held"
+        );
         drop(first);
-        assert_eq!(a.rows().unwrap().len(), 2, "decoded again");
+        assert_eq!(*a.rows().unwrap(), rows, "decoded again");
+        assert_eq!(cache.held(), 0);
     }
 }

@@ -967,8 +967,14 @@ impl Store {
         let durable = written.is_ok();
         let fresh = Arc::new(fresh);
         // made before the lock: keeping the rows decoded may drop older batches' rows
-        let batch =
-            durable.then(|| HeadBatch::new(value, payload, &fresh, decoded, &self.decoded_heads));
+        let batch = durable.then(|| {
+            HeadBatch::new(
+                fresh.clone(),
+                Some(&value[..payload]),
+                decoded,
+                &self.decoded_heads,
+            )
+        });
         let mut state = self.lock();
         let t = R::lanes_mut(&mut state).entry(tenant.clone()).or_default();
         let mut write = None;
@@ -1124,9 +1130,8 @@ impl Store {
                         let decoded = decoded_bytes(&rows);
                         let bytes = budgeted_bytes(decoded, rows.len());
                         let batch = HeadBatch::new(
-                            kept.encoded,
-                            kept.payload,
-                            &rows,
+                            rows.clone(),
+                            Some(&kept.encoded[..kept.payload]),
                             decoded,
                             &self.decoded_heads,
                         );
@@ -2061,7 +2066,7 @@ trait Lane: Row {
         let t = Self::lanes_mut(state).entry(tenant).or_default();
         t.head.seen.extend(rows.iter().map(Row::id));
         let decoded = decoded_bytes(&rows);
-        let batch = HeadBatch::new(value.to_vec(), value.len(), &rows, decoded, cache);
+        let batch = HeadBatch::new(rows.clone(), Some(value), decoded, cache);
         let bytes = budgeted_bytes(decoded, rows.len());
         t.head.push(key.to_vec(), batch, &rows, now, bytes);
         Ok(())
