@@ -114,22 +114,14 @@ fn the_text_index_answers_what_the_records_say_through_flushes_merges_restarts_a
         }
         check(&store, &t);
         // a flush that is not forced leaves the index to the index task
-        let before: BTreeSet<BlockAddr> = store
-            .log_snapshot(&t)
-            .unwrap()
-            .blocks
-            .keys()
-            .copied()
-            .collect();
+        let blocks = |store: &Store| -> BTreeSet<BlockAddr> {
+            let snapshot = store.log_snapshot(&t).unwrap();
+            snapshot.blocks.keys().copied().collect()
+        };
+        let before = blocks(&store);
         store.append_logs(&t, random_logs(7, 400)).unwrap();
         assert!(store.flush(false).unwrap() > 0);
-        let after: BTreeSet<BlockAddr> = store
-            .log_snapshot(&t)
-            .unwrap()
-            .blocks
-            .keys()
-            .copied()
-            .collect();
+        let after = blocks(&store);
         let new: Vec<&BlockAddr> = after.difference(&before).collect();
         assert!(!new.is_empty());
         for addr in &new {
