@@ -479,9 +479,8 @@ impl Config {
             )?,
             ..store_default
         };
-        // heads hold their rows encoded; half of their budget keeps the batches written and
-        // read last decoded (a tenant's head in full, most of the time, so that its flush
-        // decodes nothing)
+        // half of the heads' budget may be held decoded (a busy tenant's head in full, most of
+        // the time, so that its flush decodes nothing); the rest is held encoded
         store.decoded_head_bytes = store.max_head_bytes / 2;
         if store.window < Duration::from_secs(60) {
             return Err(ConfigError::Invalid {

@@ -412,7 +412,7 @@ pub fn render(requests: &RequestMetrics, ingester: &Ingester, store: &Store) -> 
     gauge(
         &mut out,
         "weft_head_decoded_bytes",
-        "Bytes of head rows kept decoded for reads and flushes (heads hold their rows encoded).",
+        "Bytes of head rows held decoded (the others are held as their write-ahead encoding).",
         store.decoded_head_bytes() as f64,
     );
     for (name, prop, help) in [

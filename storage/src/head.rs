@@ -225,8 +225,8 @@ pub struct Head<R: Row> {
     /// (Fx hashing: ids are random already, and SipHash showed at 4.6% of ingest CPU.)
     pub seen: FxHashSet<R::Id>,
     pub rows: usize,
-    /// What its batches take in memory (their encodings and the head's indexes): what the
-    /// store-wide head budget counts.
+    /// Its rows as decoded (see `Row::heap_bytes`, whether a batch is held decoded or not: a
+    /// flush decodes them all) and its indexes: what the store-wide head budget counts.
     pub bytes: usize,
     pub since: Option<Instant>,
     /// The earliest time of its rows (`u64::MAX` when empty), so that a read under a

@@ -50,7 +50,8 @@ pub struct StoreOptions {
     pub flush_age: Duration,
     /// Refuse appends (retryably) while this many rows wait for flush.
     pub max_pending_rows: usize,
-    /// Memory (their rows as decoded, see [`Row::heap_bytes`], and indexes) that every tenant's heads may hold together: past
+    /// Memory (their rows as decoded, see [`Row::heap_bytes`], and indexes) that every
+    /// tenant's heads may hold together: past
     /// half of it every head is flushed, past it appends are refused (retryably) until
     /// flushes catch up. Many tenants each under their own flush size would otherwise hold a
     /// flush age of traffic in memory. 0: no bound.
@@ -79,8 +80,8 @@ pub struct StoreOptions {
     pub min_free_disk: u64,
     /// Tenants the store takes rows for; rows of one more are refused. 0: no limit.
     pub max_tenants: usize,
-    /// Decoded rows of head batches kept for reads and flushes (heads hold their batches
-    /// encoded), every tenant and signal together.
+    /// What head batches held decoded may take, every tenant and signal together; past it
+    /// the batches decoded longest ago are held as their encoding (see [`DecodedCache`]).
     pub decoded_head_bytes: usize,
 }
 
@@ -386,9 +387,6 @@ const REMOTE_PARENT: u32 = 0x300;
 /// under `wal_key` in the flush's own batch.
 struct Kept<R> {
     wal_key: Vec<u8>,
-    /// The write-ahead value of `rows` (sealed), its first `payload` bytes their encoding.
-    encoded: Vec<u8>,
-    payload: usize,
     rows: Vec<R>,
     /// Each kept trace with the number of flushes it has now waited.
     waited: Vec<(TraceId, u8)>,
@@ -477,7 +475,7 @@ pub struct Store {
     rollups: Bounded<Arc<crate::rollup::OpRollup>>,
     /// Span blocks' latency histograms decoded (see [`crate::heat`]), by chunk key.
     heats: Bounded<Arc<crate::heat::BlockHeat>>,
-    /// Head batches' decoded rows (heads hold their batches encoded).
+    /// Which head batches are held decoded (the others are held encoded).
     decoded_heads: Arc<DecodedCache>,
     /// Span blocks' request rollups decoded (see [`crate::requests`]), by chunk key.
     request_rollups: Bounded<Arc<crate::requests::RequestRollup>>,
@@ -1129,12 +1127,9 @@ impl Store {
                         let rows = Arc::new(kept.rows);
                         let decoded = decoded_bytes(&rows);
                         let bytes = budgeted_bytes(decoded, rows.len());
-                        let batch = HeadBatch::new(
-                            rows.clone(),
-                            Some(&kept.encoded[..kept.payload]),
-                            decoded,
-                            &self.decoded_heads,
-                        );
+                        // rarely over the decoded budget: encoded again then
+                        let batch =
+                            HeadBatch::new(rows.clone(), None, decoded, &self.decoded_heads);
                         t.head
                             .push(kept.wal_key, batch, &rows, Instant::now(), bytes);
                         for (trace, n) in kept.waited {
@@ -1387,17 +1382,12 @@ impl Store {
                 state.next_seq - 1
             };
             let wal_key = keys::head(tenant, R::SIGNAL, seq);
-            let encoded = R::encode_rows(&kept_rows);
-            let payload = encoded.len();
-            let encoded = seal(encoded);
-            batch.put_cf(self.cf(CF_HEAD), &wal_key, &encoded);
+            batch.put_cf(self.cf(CF_HEAD), &wal_key, seal(R::encode_rows(&kept_rows)));
             self.stats
                 .rows_waiting
                 .fetch_add(kept_rows.len() as u64, Ordering::Relaxed);
             Kept {
                 wal_key,
-                encoded,
-                payload,
                 rows: kept_rows,
                 waited: waiting
                     .into_iter()
