@@ -42,7 +42,7 @@ fn query_string() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(weft_storage::fuzz_cases(2000)))]
 
     #[test]
     fn no_panics_from_search_parameters(q in query_string()) {

@@ -128,7 +128,7 @@ fn spans() -> impl Strategy<Value = ExportTraceServiceRequest> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1000))]
+    #![proptest_config(ProptestConfig::with_cases(weft_storage::fuzz_cases(1000)))]
 
     #[test]
     fn no_panics_from_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {

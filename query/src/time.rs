@@ -207,8 +207,10 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(weft_storage::fuzz_cases(256)))]
+
         #[test]
-        fn no_text_makes_the_parsers_panic(text in "\\PC{0,40}", digits in "[0-9:.TZ+-]{0,32}") {
+        fn no_panics_from_time_and_duration_text(text in "\\PC{0,40}", digits in "[0-9:.TZ+-]{0,32}") {
             let _ = parse_time(&text);
             let _ = parse_time(&digits);
             let _ = parse_time(&format!("2026-11-30T02:40:00{text}"));

@@ -37,3 +37,15 @@ pub use block::format::Compression;
 pub use error::{Result, StorageError};
 pub use keys::Signal;
 pub use store::{AppendOutcome, DamagedBlock, Store, StoreOptions, StoreStats};
+
+/// How many cases a fuzz target (the proptest targets named `no_panics…` in every crate) tries:
+/// `PROPTEST_CASES` when it is set, else the short run's `default`. Proptest reads that
+/// variable only for a configuration it builds itself, not for one that names its case count,
+/// so the targets ask here; the long run of docs/testing.md depends on it.
+#[doc(hidden)]
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}

@@ -227,7 +227,7 @@ mod no_panics {
     use crate::traces::get::short_trace_id as trace_id;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #![proptest_config(ProptestConfig::with_cases(weft_storage::fuzz_cases(2000)))]
 
         #[test]
         fn tempo_parameters_never_panic(a in "\\PC{0,40}", b in "[0-9.eE+-]{0,30}", c in "\\PC{0,12}") {

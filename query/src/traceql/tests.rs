@@ -155,7 +155,7 @@ mod no_panics {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #![proptest_config(ProptestConfig::with_cases(weft_storage::fuzz_cases(3000)))]
 
         #[test]
         fn the_parser_never_panics(q in traceql_like()) {
