@@ -68,37 +68,77 @@ struct Open {
 /// projected on the asked slots).
 struct Mapped {
     rollup: Arc<RequestRollup>,
+    /// The total's term of each of the block's terms ([`UNMAPPED`] until first used).
     terms: Vec<u32>,
+    /// The total's tuple of each of the block's tuples ([`NONE`] until first used).
     tuples: Vec<u32>,
+    /// With one slot asked for, the total's tuple of each of the block's terms (the last
+    /// entry: no value): blocks hold hundreds of tuples that differ in slots not asked for.
+    by_term: Vec<u32>,
     /// A projected tuple being looked up.
     scratch: Vec<u32>,
 }
 
+/// A block term not yet mapped into the total's.
+const UNMAPPED: u32 = NONE - 1;
+
 impl Mapped {
-    fn new(rollup: Arc<RequestRollup>, total: &mut RequestRollup) -> Self {
-        let terms = rollup.terms.iter().map(|t| total.term(t)).collect();
-        let tuples = vec![NONE; rollup.tuples.len()];
+    fn new(rollup: Arc<RequestRollup>) -> Self {
         Self {
+            terms: vec![UNMAPPED; rollup.terms.len()],
+            tuples: vec![NONE; rollup.tuples.len()],
+            by_term: Vec::new(),
             rollup,
-            terms,
-            tuples,
             scratch: Vec::new(),
         }
     }
 
+    /// The total's term of the block's term `v` ([`NONE`] stays itself).
+    fn term(&mut self, total: &mut RequestRollup, v: u32) -> u32 {
+        if v == NONE {
+            return NONE;
+        }
+        let term = &mut self.terms[v as usize];
+        if *term == UNMAPPED {
+            *term = total.term(&self.rollup.terms[v as usize]);
+        }
+        *term
+    }
+
     /// The total's tuple of the block's tuple `i`.
     fn global(&mut self, total: &mut RequestRollup, slots: &[usize], i: u32) -> u32 {
-        let slot = &mut self.tuples[i as usize];
-        if *slot == NONE {
-            let tuple = &self.rollup.tuples[i as usize];
-            self.scratch.clear();
-            self.scratch.extend(slots.iter().map(|&s| match tuple[s] {
-                NONE => NONE,
-                v => self.terms[v as usize],
-            }));
-            *slot = total.tuple(&self.scratch);
+        let mapped = self.tuples[i as usize];
+        if mapped != NONE {
+            return mapped;
         }
-        *slot
+        let tuple = if let [slot] = slots {
+            let v = self.rollup.tuples[i as usize][*slot];
+            if self.by_term.is_empty() {
+                self.by_term = vec![NONE; self.rollup.terms.len() + 1];
+            }
+            let at = if v == NONE {
+                self.rollup.terms.len()
+            } else {
+                v as usize
+            };
+            if self.by_term[at] == NONE {
+                let term = self.term(total, v);
+                self.by_term[at] = total.tuple(&[term]);
+            }
+            self.by_term[at]
+        } else {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            for &s in slots {
+                let v = self.rollup.tuples[i as usize][s];
+                scratch.push(self.term(total, v));
+            }
+            let tuple = total.tuple(&scratch);
+            self.scratch = scratch;
+            tuple
+        };
+        self.tuples[i as usize] = tuple;
+        tuple
     }
 }
 
@@ -236,11 +276,12 @@ impl Store {
             .into_iter()
             .map(|(addr, meta)| Ok((addr, self.block_requests(tenant, addr, meta)?)))
             .collect::<Result<Vec<_>>>()?;
+        // copied rows read faster afterwards than rows read in place in their blocks (measured)
         total
             .requests
             .reserve(rollups.iter().map(|(_, r)| r.requests.len()).sum());
         for (addr, rollup) in rollups {
-            let mut block = Mapped::new(rollup.clone(), &mut total);
+            let mut block = Mapped::new(rollup.clone());
             if spans {
                 for (i, n) in rollup.spans.iter().enumerate() {
                     if *n > 0 {
@@ -277,16 +318,15 @@ impl Store {
                     continue;
                 }
                 let tuple = block.global(&mut total, slots, q.tuple);
-                let q = RequestRow { tuple, ..*q };
                 if q.open && lacks(&total, tuple) && elsewhere(&q.trace) {
                     opens.push(Open {
                         trace: q.trace,
                         exit: q.exit,
                         tuple,
-                        part: Part::Request(q),
+                        part: Part::Request(RequestRow { tuple, ..*q }),
                     });
                 } else {
-                    total.requests.push(q);
+                    total.requests.push(RequestRow { tuple, ..*q });
                 }
             }
             blocks.push((addr, block));
@@ -448,7 +488,7 @@ impl Store {
                 if meta.column(col::ROLLUP_REQUESTS).is_none() {
                     continue;
                 }
-                let mut block = Mapped::new(self.block_requests(tenant, addr, meta)?, total);
+                let mut block = Mapped::new(self.block_requests(tenant, addr, meta)?);
                 anchors.add_block(&mut block, total, slots, &traces);
             }
             retry(&mut finished, &anchors, &absent, total);
