@@ -318,15 +318,16 @@ impl Store {
                     continue;
                 }
                 let tuple = block.global(&mut total, slots, q.tuple);
+                let q = RequestRow { tuple, ..*q };
                 if q.open && lacks(&total, tuple) && elsewhere(&q.trace) {
                     opens.push(Open {
                         trace: q.trace,
                         exit: q.exit,
                         tuple,
-                        part: Part::Request(RequestRow { tuple, ..*q }),
+                        part: Part::Request(q),
                     });
                 } else {
-                    total.requests.push(RequestRow { tuple, ..*q });
+                    total.requests.push(q);
                 }
             }
             blocks.push((addr, block));
